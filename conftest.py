@@ -1,0 +1,57 @@
+"""Suite-wide setup: device selection, hypothesis profiles, markers.
+
+CUDA when a device is visible (compiled kernels); otherwise the real Triton kernels run in
+Triton's interpreter on CPU. TRITON_INTERPRET must be set before triton.jit decorates the
+kernels, hence before dsrope is imported, hence here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # `reference` and `tests` import from the checkout
+
+# One pytest-xdist worker per GPU (gpu-tests -n k); must run before anything initialises CUDA.
+from tests.gpu_pinning import pin_worker_to_gpu  # noqa: E402
+
+pin_worker_to_gpu()
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", derandomize=True, max_examples=12, print_blob=True, **_common)
+settings.register_profile("dev", max_examples=40, print_blob=True, **_common)
+settings.register_profile("nightly", max_examples=10_000, print_blob=True, **_common)
+settings.register_profile("gpu", derandomize=True, max_examples=60, print_blob=True, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (compiled kernels)")
+    config.addinivalue_line("markers", "slow: long-running; a smaller CPU test covers the same property")
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="GPU-only: needs a CUDA device; run `nox -s gpu-tests` on a CUDA host")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    import triton
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (Triton interpreter)"
+    return f"dsrope: device {device}; torch {torch.__version__}; triton {triton.__version__}"

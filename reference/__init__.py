@@ -1,0 +1,1 @@
+"""The oracle: FP64/mpmath models of the dsrope kernels. It never imports dsrope."""

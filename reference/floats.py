@@ -1,0 +1,161 @@
+"""Floating-point formats, correct rounding from FP64, ULP distance and the interval check.
+
+`torch` rounds fp64 -> bf16/fp16 through fp32 (two roundings), so rounding here is done by hand:
+for a format with p significand bits and minimum normal exponent emin, the spacing of the
+format around v is q = 2**(max(floor(log2|v|), emin) - p + 1); v / q is exact in FP64 (a power
+of two scaling) and rounding it to an integer (half to even, floor, ceil) rounds v into the
+format. Overflow follows IEEE: round-to-nearest goes to inf at max + half a spacing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+U32 = 2.0**-24  # unit roundoff of FP32
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    precision: int  # significand bits, hidden bit included
+    emin: int  # exponent of the smallest normal
+    emax: int
+
+    @property
+    def max(self) -> float:
+        return (2.0 - 2.0 ** (1 - self.precision)) * 2.0**self.emax
+
+    @property
+    def unit_roundoff(self) -> float:
+        return 2.0**-self.precision
+
+
+FORMATS = {
+    torch.bfloat16: Format("bfloat16", 8, -126, 127),
+    torch.float16: Format("float16", 11, -14, 15),
+    torch.float32: Format("float32", 24, -126, 127),
+}
+
+
+def fmt(dtype: torch.dtype) -> Format:
+    return FORMATS[dtype]
+
+
+def _spacing(v: torch.Tensor, f: Format) -> torch.Tensor:
+    _, e = torch.frexp(v)  # v = m * 2**e with 0.5 <= |m| < 1, so floor(log2|v|) = e - 1
+    e = torch.clamp(e.to(torch.float64) - 1, min=f.emin)
+    return torch.exp2(e - (f.precision - 1))
+
+
+def _round(v: torch.Tensor, dtype: torch.dtype, to_integer) -> torch.Tensor:
+    f = fmt(dtype)
+    v = v.to(torch.float64)
+    q = _spacing(v, f)
+    r = to_integer(v / q) * q
+    # a carry into the next binade is exact; only overflow needs care
+    finite = torch.isfinite(v)
+    over = finite & (r.abs() > f.max)
+    r = torch.where(over, torch.copysign(torch.full_like(r, float("inf")), v), r)
+    return torch.where(finite, r, v)
+
+
+def round_nearest(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Round FP64 values into `dtype`, nearest with ties to even; result is FP64 (exactly representable)."""
+    return _round(v, dtype, torch.round)
+
+
+def round_down(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    f = fmt(dtype)
+    r = _round(v, dtype, torch.floor)
+    # floor never overflows to +inf: the largest value below +max-exceeding v is max
+    return torch.where(r == float("inf"), torch.full_like(r, f.max), r)
+
+
+def round_up(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    f = fmt(dtype)
+    r = _round(v, dtype, torch.ceil)
+    return torch.where(r == float("-inf"), torch.full_like(r, -f.max), r)
+
+
+def nearest_interval(center: torch.Tensor, radius: torch.Tensor, dtype: torch.dtype):
+    """All values round-to-nearest can give for some w in [center - radius, center + radius].
+
+    Rounding is monotone, so that set is [RN(lo), RN(hi)]: where the interval lies inside one
+    rounding cell, the only allowed result is the correctly rounded one.
+    """
+    return round_nearest(center - radius, dtype), round_nearest(center + radius, dtype)
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    """Map floats to integers whose order and differences count representable values (ULPs)."""
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[t.dtype]
+    i = t.contiguous().view(bits).to(torch.int64)
+    width = 16 if bits == torch.int16 else 32
+    # negative floats: reflect so that -0 and +0 meet and order is monotone
+    return torch.where(i < 0, -(i + (1 << (width - 1))), i)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Number of representable values between a and b (same dtype); NaN pairs count 0 if both NaN."""
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    d = (_ordered(a) - _ordered(b)).abs()
+    both_nan = torch.isnan(a) & torch.isnan(b)
+    one_nan = torch.isnan(a) ^ torch.isnan(b)
+    d = torch.where(both_nan, torch.zeros_like(d), d)
+    return torch.where(one_nan, torch.full_like(d, 1 << 40), d)
+
+
+@dataclass
+class Check:
+    """Result of judging a kernel output against a model."""
+
+    checked: int
+    violations: int
+    bit_exact: int
+    max_ulp: int
+    first_violation: str
+
+    @property
+    def exact_fraction(self) -> float:
+        return self.bit_exact / max(self.checked, 1)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.checked} elements, {self.violations} outside the model, "
+            f"{self.exact_fraction:.4%} bit-exact, max {self.max_ulp} ulp. {self.first_violation}"
+        )
+
+
+def judge(out: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> Check:
+    """out (kernel, its dtype) against ref/lo/hi (FP64). NaN must meet NaN; inf must equal ref."""
+    out64 = out.detach().to("cpu", torch.float64)
+    ref, lo, hi = (t.to(torch.float64) for t in (ref, lo, hi))
+    assert out64.shape == ref.shape, (out64.shape, ref.shape)
+    nan_ref = torch.isnan(ref)
+    finite_ref = torch.isfinite(ref)
+    ok = torch.where(
+        nan_ref,
+        torch.isnan(out64),
+        torch.where(finite_ref, (out64 >= lo) & (out64 <= hi), out64 == ref),
+    )
+    ref_in_dtype = ref.to(out.dtype) if out.dtype == torch.float32 else _exact_cast(ref, out.dtype)
+    ulps = ulp_distance(out.detach().cpu(), ref_in_dtype)
+    bad = (~ok).nonzero()
+    first = ""
+    if len(bad):
+        i = tuple(bad[0].tolist())
+        first = f"first at index {list(i)}: kernel {out64[i].item()!r}, allowed [{lo[i].item()!r}, {hi[i].item()!r}], ref {ref[i].item()!r}"
+    return Check(
+        checked=ref.numel(),
+        violations=int((~ok).sum()),
+        bit_exact=int((ulps == 0).sum()),
+        max_ulp=int(ulps.max()) if ulps.numel() else 0,
+        first_violation=first,
+    )
+
+
+def _exact_cast(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast FP64 values that are already representable in dtype (so no double rounding happens)."""
+    return v.to(torch.float32).to(dtype)

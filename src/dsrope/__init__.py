@@ -1,0 +1,13 @@
+"""dsrope: the DeepSeek RoPE kernel set in Triton."""
+
+from dsrope._common import INTERPRET
+
+if INTERPRET:
+    from dsrope._common import install_interpreter_rounding
+
+    install_interpreter_rounding()
+
+from dsrope.qnorm_rope import qnorm_rope_triton  # noqa: E402
+from dsrope.rope import apply_partial_rope_triton  # noqa: E402
+
+__all__ = ["apply_partial_rope_triton", "qnorm_rope_triton"]

@@ -1,0 +1,114 @@
+"""Input checks shared by the kernel families, and the interpreter's rounding fix.
+
+Every check runs before any launch and names the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+# Triton decides at decoration time whether `@triton.jit` compiles or interprets, from this
+# variable; reading it once at import gives the same answer the kernels were built with.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    if t.device.type == "cuda":
+        return
+    if t.device.type == "cpu" and INTERPRET:
+        return
+    expected = "a CUDA tensor (or a CPU tensor with TRITON_INTERPRET=1)"
+    raise ValueError(f"{name}: expected {expected}, got a tensor on {t.device}")
+
+
+def check_x(x, rank: int = 4, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != rank:
+        raise ValueError(f"{name}: expected rank {rank} [batch, heads, sequence, channels], got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {x.dtype}")
+    check_device(name, x)
+
+
+def check_rotary(rotary, channels: int) -> None:
+    if isinstance(rotary, bool) or not isinstance(rotary, int):
+        raise TypeError(f"rotary: expected an int, got {type(rotary).__name__}")
+    if rotary <= 0 or rotary % 2 or rotary > channels:
+        raise ValueError(f"rotary: expected a positive even int <= channels ({channels}), got {rotary}")
+
+
+def check_table(name: str, t, x: torch.Tensor, rotary: int) -> None:
+    """cos/sin: FP32 [B, S, rotary] on x's device, not requiring grad."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    expected = (x.shape[0], x.shape[2], rotary)
+    if tuple(t.shape) != expected:
+        raise ValueError(f"{name}: expected shape [batch, sequence, rotary] = {list(expected)}, got {list(t.shape)}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name}: expected dtype float32, got {t.dtype}")
+    if t.requires_grad:
+        raise ValueError(f"{name}: expected a fixed table (requires_grad=False); the kernels give it no gradient")
+    if t.device != x.device:
+        raise ValueError(f"{name}: expected a tensor on x's device {x.device}, got {t.device}")
+
+
+def check_eps(eps) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps: expected a finite float > 0, got {eps}")
+
+
+def token_major_empty(x: torch.Tensor) -> torch.Tensor:
+    """[B, H, S, D] view of a fresh contiguous [B, S, H, D] buffer."""
+    b, h, s, d = x.shape
+    return torch.empty((b, s, h, d), dtype=x.dtype, device=x.device).transpose(1, 2)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# --- Triton interpreter: round fp32 -> bf16 to nearest even, as the GPU does -------------------
+# Measured (SPEC.md; triton 3.6 and 3.9): the interpreter converts fp32 -> bf16 by dropping the low
+# 16 bits (truncation), and even its "rtne" path rounds ties away from zero. Compiled kernels round
+# to nearest even. Without this fix, every bf16 result computed on CPU would differ from the GPU's
+# in about half of the elements, and the CPU suite could not check bf16 rounding at all. Only the
+# default/"rtne" fp32 -> bf16 conversion is replaced; an explicit "rtz" keeps truncating, so a
+# kernel that asks for truncation still truncates.
+
+
+def _fp32_to_bf16_rne(values: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    quiet_nan = (bits >> 16) | 0x40
+    out = np.where(np.isnan(values), quiet_nan, rounded)
+    return out.astype(np.uint16)
+
+
+def install_interpreter_rounding() -> bool:
+    """Make the interpreter's fp32 -> bf16 conversion round to nearest even. Idempotent."""
+    from triton.runtime import interpreter
+    import triton.language as tl
+
+    if getattr(interpreter._convert_float, "_dsrope_rne", False):
+        return True
+    truncating = interpreter._convert_float
+    rtz = interpreter._ir.ROUNDING_MODE.RTZ
+
+    def convert_float(input, input_dtype, output_dtype, rounding_mode):
+        if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode != rtz:
+            return _fp32_to_bf16_rne(input)
+        return truncating(input, input_dtype, output_dtype, rounding_mode)
+
+    convert_float._dsrope_rne = True
+    convert_float._dsrope_truncating = truncating
+    interpreter._convert_float = convert_float
+    return True
