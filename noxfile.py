@@ -1,0 +1,80 @@
+"""Sessions: tests (CPU, own venv), gpu-tests (CUDA, the environment it finds), lint, and the
+others the issues name (golden, verify, mutants, bench)."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# The CPU wheel of torch lies on local disk on our machines; an unpinned torch may pull a
+# multi-GB CUDA build.
+CPU_TORCH = "torch==2.13.0"
+
+
+def install_cpu(session: nox.Session, *extras: str) -> None:
+    session.install(CPU_TORCH)
+    session.install("-e", f".[{','.join(('test', *extras))}]")
+
+
+def check_ran(session: nox.Session, junit: Path) -> None:
+    """Fail when pytest ran no test (every test skipped or deselected counts as none)."""
+    suites = ET.parse(junit).getroot().iter("testsuite")
+    tests = skipped = 0
+    for s in suites:
+        tests += int(s.get("tests", 0))
+        skipped += int(s.get("skipped", 0))
+    ran = tests - skipped
+    session.log(f"pytest: {tests} collected, {ran} ran, {skipped} skipped")
+    if ran <= 0:
+        session.error("no test ran")
+
+
+def pytest_args(session: nox.Session, junit: Path, default_workers: str) -> list[str]:
+    args = list(session.posargs)
+    if not any(a == "-n" or a.startswith("-n") or a.startswith("--numprocesses") for a in args):
+        args = ["-n", default_workers, *args]
+    return ["-m", "pytest", f"--junitxml={junit}", *args]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The CPU suite: the real Triton kernels in Triton's interpreter against the reference."""
+    install_cpu(session)
+    junit = Path(session.create_tmp()) / "junit.xml"
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    session.run("python", *pytest_args(session, junit, "auto"), env=env)
+    check_ran(session, junit)
+
+
+@nox.session(name="gpu-tests", venv_backend="none")
+def gpu_tests(session: nox.Session) -> None:
+    """The whole suite on CUDA, compiled kernels, in the environment found (no installs)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
+    try:
+        session.run("python", "-c", probe, silent=True)
+    except nox.command.CommandFailed:
+        session.error("gpu-tests needs a visible CUDA device (torch.cuda.is_available() is False); "
+                      "on a CPU machine run `nox -s tests`")
+    junit = ROOT / "out" / "gpu-junit.xml"
+    junit.parent.mkdir(exist_ok=True)
+    env = {
+        "TRITON_INTERPRET": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "HYPOTHESIS_PROFILE": "gpu",
+    }
+    session.run("python", *pytest_args(session, junit, "0"), env=env)
+    check_ran(session, junit)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "--diff", "reference", "tests", "noxfile.py", "conftest.py")
