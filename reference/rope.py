@@ -13,7 +13,8 @@ Error model: an FP32 kernel computes a*c - b*s with two products and one sum, in
 association and with or without FMA contraction; each step adds at most one FP32 rounding, so
 its pre-store value w satisfies |w - v| <= E = 2u(|a*c| + |b*s|) + T, u = 2**-24, where
 T = 2**-126 for each of a*c, b*s, v that is nonzero and below 2**-126 in magnitude: an FP32
-subnormal may be flushed to zero (or lose bits to gradual underflow). Exact zeros stay exact. The
+subnormal may be flushed to zero (or lose bits to gradual underflow). Exact zeros stay exact,
+and E = 0 when a*c, b*s and v are all FP32 normal numbers (every evaluation is then exact). The
 store rounds w to nearest, so the output must lie in [rnd(v - E), rnd(v + E)]. Where that
 interval sits inside one rounding cell (most elements in bf16/fp16) only the correctly rounded
 value is allowed. Copied channels must be bit-identical.
@@ -25,9 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.floats import U32, judge, nearest_interval, round_down, round_nearest, round_up
+from reference.floats import U32, judge, round_down, round_nearest, round_up
 
 TINY = 2.0**-126
+
+
+def fp32_exact(t: torch.Tensor) -> torch.Tensor:
+    """t is an FP32 normal number or zero (subnormals excluded: they may be flushed)."""
+    return (round_nearest(t, torch.float32) == t) & ((t == 0) | (t.abs() >= TINY))
 
 
 def flush_slack(*terms: torch.Tensor) -> torch.Tensor:
@@ -63,15 +69,41 @@ def round_nearest_exact(hi: torch.Tensor, lo: torch.Tensor, dtype: torch.dtype) 
 
 
 def rotate_pairs(a, b, c, s, dtype):
-    """One rotation step a*c - b*s and a*s + b*c on FP64 inputs: reference, center, radius."""
+    """One rotation a*c - b*s, a*s + b*c of exact FP64 inputs: (refs, intervals) per output."""
     ac, bs, as_, bc = a * c, b * s, a * s, b * c
     first_hi, first_lo = two_sum(ac, -bs)
     second_hi, second_lo = two_sum(as_, bc)
-    first_err = 2 * U32 * (ac.abs() + bs.abs()) + flush_slack(ac, bs, first_hi)
-    second_err = 2 * U32 * (as_.abs() + bc.abs()) + flush_slack(as_, bc, second_hi)
     ref = (round_nearest_exact(first_hi, first_lo, dtype), round_nearest_exact(second_hi, second_lo, dtype))
-    lo_hi = (nearest_interval(first_hi, first_err, dtype), nearest_interval(second_hi, second_err, dtype))
-    return ref, lo_hi
+    return ref, rotation_interval(a, a, b, b, c, s, dtype)
+
+
+def rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype):
+    """Outputs an FP32 kernel may store when it rotates some a in [a_lo, a_hi], b in [b_lo, b_hi].
+
+    The exact rotation is linear in a and b, so its range over the box is reached at the box's
+    corners; the kernel's own FP32 error E (module docstring) widens it on both sides.
+    """
+    def span(p_lo, p_hi, q_lo, q_hi, sign):
+        """Range of p + sign*q over the corners, and the sum of the magnitudes for E."""
+        p = torch.minimum(p_lo, p_hi), torch.maximum(p_lo, p_hi)
+        q = torch.minimum(q_lo, q_hi), torch.maximum(q_lo, q_hi)
+        lo = p[0] + (q[0] if sign > 0 else -q[1])
+        hi = p[1] + (q[1] if sign > 0 else -q[0])
+        magnitude = torch.maximum(p_lo.abs(), p_hi.abs()) + torch.maximum(q_lo.abs(), q_hi.abs())
+        return lo, hi, magnitude, (p_lo, p_hi, q_lo, q_hi)
+
+    def interval(p_lo, p_hi, q_lo, q_hi, sign):
+        lo, hi, magnitude, terms = span(p_lo, p_hi, q_lo, q_hi, sign)
+        err = 2 * U32 * magnitude + flush_slack(*terms, lo, hi)
+        # When both products and the result are FP32 numbers, every evaluation order, with or
+        # without FMA, is exact: no FP32 error to allow (this is what makes ties testable).
+        exact = (p_lo == p_hi) & (q_lo == q_hi) & fp32_exact(p_lo) & fp32_exact(q_lo) & fp32_exact(lo)
+        err = torch.where(exact, torch.zeros_like(err), err)
+        return round_nearest(lo - err, dtype), round_nearest(hi + err, dtype)
+
+    first = interval(a_lo * c, a_hi * c, b_lo * s, b_hi * s, -1)
+    second = interval(a_lo * s, a_hi * s, b_lo * c, b_hi * c, +1)
+    return first, second
 
 
 def interleave(even: torch.Tensor, odd: torch.Tensor) -> torch.Tensor:

@@ -109,27 +109,29 @@ def test_bf16_exact_rate_and_model(dtype):
 
 
 def test_rounding_is_to_nearest_even_not_truncation():
-    """Stores that land on or near bf16 rounding midpoints: truncation, or ties away from zero,
-    gives a different value than round-to-nearest-even on these exact elements.
-
-    With c = 1, s = 0, the rotation of (a, b) is exact, so every output is forced. With
-    c = 1 + 2**-8 (exact in FP32), a * c lands on the midpoint between a and its upper
-    neighbour when a has 8 significant bits: ties go to the even neighbour.
+    """Stores that land exactly on bf16 rounding midpoints. With c = 1, s = 2**-8 and b = -1 (or
+    +1 for negative a), the first output a + s (resp. a - s) lies halfway between a,
+    and its neighbour: round-to-nearest-even goes to the neighbour,
+    truncation stays at a, and ties-away-from-zero agrees with RNE only on some of them, so the
+    mixed cases below tell all three apart.
     """
-    a = torch.tensor([1 + 2**-7, 1 + 3 * 2**-7, 1.5 + 2**-7, -(1 + 2**-7), 1.0 + 2**-6, 3 + 2**-6])
+    a = torch.tensor([1 + 2**-7, 1 + 3 * 2**-7, -(1 + 5 * 2**-7), 1 + 2**-6, 2 + 2**-6])
+    half_ulp = torch.tensor([2**-8, 2**-8, 2**-8, 2**-8, 2**-7])  # a's half spacing
     x = torch.zeros(1, 1, a.numel(), 2, dtype=torch.bfloat16)
     x[0, 0, :, 0] = a.to(torch.bfloat16)
-    x[0, 0, :, 1] = 0
+    x[0, 0, :, 1] = -torch.sign(a).to(torch.bfloat16)
     x = x.to(DEVICE)
-    cos = torch.full((1, a.numel(), 2), 1 + 2**-8, device=DEVICE)
-    sin = torch.zeros((1, a.numel(), 2), device=DEVICE)
-    out = forward(x, cos, sin, 2)
+    cos = torch.ones((1, a.numel(), 2), device=DEVICE)
+    sin = half_ulp[None, :, None].expand(1, a.numel(), 2).contiguous().to(DEVICE)
+    out = forward(x, cos, sin, 2).cpu()
     model = partial_rope(x, cos, sin, 2)
-    assert torch.equal(model.lo, model.hi), "inputs chosen so that exactly one result is allowed"
-    exact = model.ref.to(torch.float32).to(torch.bfloat16)
-    truncated = (x.double().cpu() * (1 + 2**-8)).float().view(torch.int32).bitwise_and(-65536).view(torch.float32)
-    assert not torch.equal(exact[..., 0].float(), truncated[..., 0]), "the case must tell the roundings apart"
-    assert torch.equal(out.cpu(), exact), f"kernel {out.cpu().flatten().tolist()} vs RNE {exact.flatten().tolist()}"
+    first = out[0, 0, :, 0].double()
+    # the fourth has an even last bit: RNE keeps it, ties-away would not
+    even = torch.tensor([1 + 2**-6, 1 + 2**-5, -(1 + 6 * 2**-7), 1 + 2**-6, 2 + 2**-5], dtype=torch.float64)
+    assert torch.equal(model.ref[0, 0, :, 0], even), "the reference rounds ties to even"
+    assert torch.equal(model.lo[0, 0, :, 0], model.hi[0, 0, :, 0]), "exactly one result is allowed"
+    assert torch.equal(first, even), f"kernel {first.tolist()} vs round-to-nearest-even {even.tolist()}"
+    assert model.judge(out).violations == 0
 
 
 def test_nan_stays_in_its_pair():

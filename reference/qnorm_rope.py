@@ -1,0 +1,323 @@
+"""FP64 model of Q RMSNorm + partial interleaved RoPE, forward and backward, and the error model
+of a correct FP32-arithmetic kernel.
+
+Exact function (SPEC.md), per row of D channels, rnd = round to nearest even into x.dtype:
+  r  = 1 / sqrt(mean(x^2) + eps)                              (the kernel keeps it in FP32)
+  y  = rnd(x * r)                                             boundary 1
+  out: pass-through channels y; pair k: rnd(ya*c - yb*s), rnd(ya*s + yb*c)
+Backward, upstream gradient g:
+  g' = pair k: rnd(ga*c + gb*s), rnd(-ga*s + gb*c); other channels g    boundary 2
+  dx = rnd(r * (g' - xhat * mean(g' * xhat))),  xhat = x * r
+
+Reference values are computed in FP64 from the exact formulas and rounded correctly; the
+mpmath path (`certify_*`) recomputes them at 200 bits with exact rounding decisions (ties
+included) and the suite checks that both agree bit for bit on small cases. Ties cannot occur at
+boundary 1: r is irrational unless mean(x^2) + eps is a dyadic square, and then x*r is exact.
+
+Error model: u = 2**-24, gamma(n) = n*u / (1 - n*u).
+  rstd: the kernel's sum of D squares in any order, the division by D (approximate division
+    allowed: 2 roundings) and the +eps carry relative error theta <= gamma(D + 4), plus
+    2**-125 / z absolute for squares flushed from the FP32 subnormal range; rsqrt may be
+    approximate, rho <= 2**-22 (PTX rsqrt.approx.f32 is documented at 2**-22.9). Hence
+    |r_k / r - 1| <= delta_r = (1 - theta)**-0.5 * (1 + rho) - 1.
+  boundary 1: the kernel's x * r_k before its store is within |x r| ((1 + delta_r)(1 + u) - 1)
+    of x r, so y lies in [rnd(x r - rad), rnd(x r + rad)]; where that is one value, y is exact.
+  rotation: reference/rope.py's interval over the box of allowed ya, yb.
+  backward: per element, a first-order-free bound B assembled term by term in `backward`
+    (saved r_k, xhat_k = x r_k, products, the mean over D in any order, the final subtraction
+    and product, FMA contraction anywhere: each step adds at most one FP32 rounding), and dx
+    must lie in [rnd(dx - B), rnd(dx + B)].
+  If the FP32 sum of squares surely overflows (sum x^2 > FLT_MAX (1 + gamma)), the kernel's
+  r is 0 and y is 0; in the band where it may or may not overflow both are allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mpmath
+import torch
+
+from reference.floats import U32, fmt, judge, round_nearest
+from reference.rope import Model, interleave, partial_rope, rotation_interval, tables, two_sum, round_nearest_exact
+
+RSQRT_REL = 2.0**-22
+TINY = 2.0**-126
+FLT_MAX = float(torch.finfo(torch.float32).max)
+
+
+def gamma(n: int) -> float:
+    return n * U32 / (1 - n * U32)
+
+
+@dataclass
+class Forward:
+    out: Model
+    normalized: Model  # boundary-1 value y = rnd(x * r)
+    rstd: Model  # FP64 exact r, [B*S*H] token-major; lo/hi: the FP32 values a kernel may save
+
+
+@dataclass
+class Backward:
+    dx: Model
+    derotated: Model  # boundary-2 value g'
+
+
+def token_major_rows(t: torch.Tensor) -> torch.Tensor:
+    """[B, H, S] per-row values -> [B*S*H] in token-major row order (b*S + s)*H + h."""
+    return t.transpose(1, 2).reshape(-1)
+
+
+def split(t: torch.Tensor, rotary: int):
+    d = t.shape[-1]
+    return t[..., : d - rotary], t[..., d - rotary :: 2], t[..., d - rotary + 1 :: 2]
+
+
+def join(keep, a, b):
+    return torch.cat((keep, interleave(a, b)), dim=-1)
+
+
+def exact_rstd(x64: torch.Tensor, eps: float):
+    """r, and the bound delta_r on the kernel's relative error; r = 0 where FP32 surely overflows."""
+    d = x64.shape[-1]
+    squares = (x64 * x64).sum(-1)
+    z = squares / d + eps
+    r = 1 / torch.sqrt(z)
+    theta = gamma(d + 4) + 2.0**-125 / z
+    delta = (1 - theta) ** -0.5 * (1 + RSQRT_REL) - 1
+    overflow = squares * (1 - gamma(d)) > FLT_MAX
+    maybe = ~overflow & (squares * (1 + gamma(d)) >= FLT_MAX)
+    return torch.where(overflow, torch.zeros_like(r), r), delta, maybe
+
+
+def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> Forward:
+    dtype = x.dtype
+    x64 = x.detach().to("cpu", torch.float64)
+    r, delta, maybe_overflow = exact_rstd(x64, eps)
+    r_ = r[..., None]
+    xr = x64 * r_
+    rad = xr.abs() * ((1 + delta[..., None]) * (1 + U32) - 1)
+    rad = rad + torch.where((xr != 0) & (xr.abs() < TINY), TINY, 0.0)
+    y_ref = round_nearest(xr, dtype)
+    y_lo, y_hi = round_nearest(xr - rad, dtype), round_nearest(xr + rad, dtype)
+    # where the FP32 sum of squares may overflow, the kernel's y may also be 0
+    zero = torch.zeros_like(y_lo)
+    y_lo = torch.where(maybe_overflow[..., None], torch.minimum(y_lo, zero), y_lo)
+    y_hi = torch.where(maybe_overflow[..., None], torch.maximum(y_hi, zero), y_hi)
+
+    c, s = tables(cos, sin, rotary)
+    keep_ref, a_ref, b_ref = split(y_ref, rotary)
+    keep_lo, a_lo, b_lo = split(y_lo, rotary)
+    keep_hi, a_hi, b_hi = split(y_hi, rotary)
+    first = two_sum(a_ref * c, -(b_ref * s))
+    second = two_sum(a_ref * s, b_ref * c)
+    rot_ref = round_nearest_exact(*first, dtype), round_nearest_exact(*second, dtype)
+    (lo1, hi1), (lo2, hi2) = rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype)
+
+    r_rows = token_major_rows(r)
+    rad_r = token_major_rows(r * delta)
+    rstd = Model(r_rows, round_nearest(r_rows - rad_r, torch.float32), round_nearest(r_rows + rad_r, torch.float32))
+    maybe = token_major_rows(maybe_overflow)
+    rstd.lo = torch.where(maybe, torch.zeros_like(rstd.lo), rstd.lo)
+    return Forward(
+        out=Model(join(keep_ref, *rot_ref), join(keep_lo, lo1, lo2), join(keep_hi, hi1, hi2)),
+        normalized=Model(y_ref, y_lo, y_hi),
+        rstd=rstd,
+    )
+
+
+def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
+    dtype = x.dtype
+    d = x.shape[-1]
+    x64 = x.detach().to("cpu", torch.float64)
+    r, delta, _ = exact_rstd(x64, eps)
+    r, delta = r[..., None], delta[..., None]
+    derotated = partial_rope(grad.detach(), cos, sin, rotary, inverse=True)
+    g = derotated.ref
+    dg = torch.maximum(derotated.hi - g, g - derotated.lo)
+    xhat = x64 * r
+    m = (g * xhat).sum(-1, keepdim=True) / d
+    dx = r * (g - xhat * m)
+
+    u = U32
+    e1 = (1 + delta) * (1 + u) - 1  # relative error of the kernel's xhat
+    ax = xhat.abs()
+    a = (g.abs() + dg) * ax * (1 + e1)
+    dp = dg * ax * (1 + e1) + g.abs() * ax * e1 + u * a
+    dsum = dp.sum(-1, keepdim=True) + gamma(d) * (a * (1 + u)).sum(-1, keepdim=True)
+    dm = dsum / d + 2 * u * (m.abs() + dsum / d)
+    mk = m.abs() + dm
+    dq = ax * (1 + e1) * dm + ax * e1 * m.abs() + u * ax * (1 + e1) * mk
+    dd = dg + dq + u * (g.abs() + dg + ax * m.abs() + dq)
+    big_d = (g - xhat * m).abs() + dd
+    bound = r * (delta * big_d + dd * (1 + delta)) + u * r * (1 + delta) * big_d
+    live = (dx != 0) | (dd > 0)
+    bound = bound + torch.where(live, 4 * TINY * (r + 1), 0.0)
+    lo, hi = round_nearest(dx - bound, dtype), round_nearest(dx + bound, dtype)
+    return Backward(dx=Model(round_nearest(dx, dtype), lo, hi), derotated=derotated)
+
+
+# --- alternatives: functions peers ship, or plausible slips. The suite must reject each. --------
+
+
+def forward_no_boundary1(x, cos, sin, rotary, eps) -> torch.Tensor:
+    """(a) FP32 kept from the norm through the rotation: y is not rounded before rotating."""
+    x64 = x.detach().to("cpu", torch.float64)
+    r, _, _ = exact_rstd(x64, eps)
+    xr = x64 * r[..., None]
+    c, s = tables(cos, sin, rotary)
+    keep, a, b = split(xr, rotary)
+    return round_nearest(join(keep, a * c - b * s, a * s + b * c), x.dtype)
+
+
+def backward_no_boundary2(x, grad, cos, sin, rotary, eps) -> torch.Tensor:
+    """(b) RMSNorm backward on the unrounded FP32 de-rotated gradient."""
+    x64 = x.detach().to("cpu", torch.float64)
+    g64 = grad.detach().to("cpu", torch.float64)
+    r, _, _ = exact_rstd(x64, eps)
+    r = r[..., None]
+    c, s = tables(cos, sin, rotary)
+    keep, ga, gb = split(g64, rotary)
+    g = join(keep, ga * c + gb * s, -ga * s + gb * c)
+    xhat = x64 * r
+    m = (g * xhat).mean(-1, keepdim=True)
+    return round_nearest(r * (g - xhat * m), x.dtype)
+
+
+def forward_rotate_then_normalize(x, cos, sin, rotary, eps) -> torch.Tensor:
+    """(c) rotate first (rounded to x.dtype), then normalize the rotated row and round again."""
+    rotated = partial_rope(x, cos, sin, rotary).ref
+    r, _, _ = exact_rstd(rotated, eps)
+    return round_nearest(rotated * r[..., None], x.dtype)
+
+
+# --- FP64 autograd: proves the backward formula ---------------------------------------------------
+
+
+def qnorm_rope_fp64(x, cos, sin, rotary, eps):
+    """The exact function without roundings, in differentiable FP64 torch ops."""
+    y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps)
+    c, s = (t[..., : rotary // 2].to(x)[:, None] for t in (cos, sin))
+    keep, a, b = split(y, rotary)
+    return join(keep, a * c - b * s, a * s + b * c)
+
+
+class QNormRoPEFormula(torch.autograd.Function):
+    """qnorm_rope_fp64 whose backward is the formula the kernel implements (without roundings)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, rotary, eps):
+        ctx.save_for_backward(x, cos, sin)
+        ctx.rotary, ctx.eps = rotary, eps
+        return qnorm_rope_fp64(x, cos, sin, rotary, eps)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, cos, sin = ctx.saved_tensors
+        rotary = ctx.rotary
+        c, s = (t[..., : rotary // 2].to(x)[:, None] for t in (cos, sin))
+        keep, ga, gb = split(g, rotary)
+        gd = join(keep, ga * c + gb * s, -ga * s + gb * c)
+        r = torch.rsqrt((x * x).mean(-1, keepdim=True) + ctx.eps)
+        xhat = x * r
+        return r * (gd - xhat * (gd * xhat).mean(-1, keepdim=True)), None, None, None, None
+
+
+# --- mpmath certification -------------------------------------------------------------------------
+
+PREC = 200
+
+
+def mp_round(v: mpmath.mpf, dtype: torch.dtype) -> float:
+    """Correct round-to-nearest-even of an mpmath value into dtype (exact decision, ties to even)."""
+    f = fmt(dtype)
+    if not mpmath.isfinite(v):
+        return float(v)
+    if v == 0:
+        return 0.0
+    _, e = mpmath.frexp(v)
+    e = max(int(e) - 1, f.emin)
+    q = mpmath.mpf(2) ** (e - f.precision + 1)
+    n = v / q
+    fl = mpmath.floor(n)
+    frac = n - fl
+    if frac > 0.5 or (frac == 0.5 and int(fl) % 2 == 1):
+        fl += 1
+    out = fl * q
+    if abs(out) > f.max:
+        return math.copysign(math.inf, float(v))
+    return float(out)
+
+
+def certify_forward(x, cos, sin, rotary, eps):
+    """mpmath recomputation of the correctly rounded y and out, and of r (as FP64)."""
+    dtype = x.dtype
+    with mpmath.workprec(PREC):
+        xs = x.detach().double().cpu()
+        cs, ss = (t.detach().double().cpu() for t in (cos, sin))
+        b_, h_, s_, d = xs.shape
+        y = torch.empty_like(xs)
+        out = torch.empty_like(xs)
+        r_all = torch.empty(b_, h_, s_, dtype=torch.float64)
+        for i in range(b_):
+            for j in range(h_):
+                for t in range(s_):
+                    row = [mpmath.mpf(float(v)) for v in xs[i, j, t]]
+                    r = 1 / mpmath.sqrt(mpmath.fsum(v * v for v in row) / d + mpmath.mpf(eps))
+                    r_all[i, j, t] = float(r)
+                    yr = [mp_round(v * r, dtype) for v in row]
+                    y[i, j, t] = torch.tensor(yr, dtype=torch.float64)
+                    o = list(yr)
+                    for k in range(rotary // 2):
+                        c = mpmath.mpf(float(cs[i, t, k]))
+                        sn = mpmath.mpf(float(ss[i, t, k]))
+                        a, bb = mpmath.mpf(yr[d - rotary + 2 * k]), mpmath.mpf(yr[d - rotary + 2 * k + 1])
+                        o[d - rotary + 2 * k] = mp_round(a * c - bb * sn, dtype)
+                        o[d - rotary + 2 * k + 1] = mp_round(a * sn + bb * c, dtype)
+                    out[i, j, t] = torch.tensor(o, dtype=torch.float64)
+    return y, out, r_all
+
+
+def certify_backward(x, grad, cos, sin, rotary, eps):
+    """mpmath recomputation of the correctly rounded g' and dx."""
+    dtype = x.dtype
+    with mpmath.workprec(PREC):
+        xs, gs = x.detach().double().cpu(), grad.detach().double().cpu()
+        cs, ss = (t.detach().double().cpu() for t in (cos, sin))
+        b_, h_, s_, d = xs.shape
+        gd_all = torch.empty_like(xs)
+        dx = torch.empty_like(xs)
+        for i in range(b_):
+            for j in range(h_):
+                for t in range(s_):
+                    row = [mpmath.mpf(float(v)) for v in xs[i, j, t]]
+                    g = [mpmath.mpf(float(v)) for v in gs[i, j, t]]
+                    for k in range(rotary // 2):
+                        c = mpmath.mpf(float(cs[i, t, k]))
+                        sn = mpmath.mpf(float(ss[i, t, k]))
+                        ga, gb = g[d - rotary + 2 * k], g[d - rotary + 2 * k + 1]
+                        g[d - rotary + 2 * k] = mpmath.mpf(mp_round(ga * c + gb * sn, dtype))
+                        g[d - rotary + 2 * k + 1] = mpmath.mpf(mp_round(-ga * sn + gb * c, dtype))
+                    r = 1 / mpmath.sqrt(mpmath.fsum(v * v for v in row) / d + mpmath.mpf(eps))
+                    xhat = [v * r for v in row]
+                    m = mpmath.fsum(a * b for a, b in zip(g, xhat)) / d
+                    gd_all[i, j, t] = torch.tensor([float(v) for v in g], dtype=torch.float64)
+                    dx[i, j, t] = torch.tensor([mp_round(r * (gv - xv * m), dtype) for gv, xv in zip(g, xhat)])
+    return gd_all, dx
+
+
+__all__ = [
+    "Backward",
+    "Forward",
+    "QNormRoPEFormula",
+    "backward",
+    "backward_no_boundary2",
+    "certify_backward",
+    "certify_forward",
+    "forward",
+    "forward_no_boundary1",
+    "forward_rotate_then_normalize",
+    "judge",
+    "qnorm_rope_fp64",
+]
