@@ -78,3 +78,13 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", "--diff", "reference", "tests", "noxfile.py", "conftest.py")
+
+
+@nox.session
+def golden(session: nox.Session) -> None:
+    """Regenerate the reference goldens from the reference and diff them against golden/ (tools/golden.py).
+    Writes only with `-- --update`; `-- --update-snapshot` records this platform's kernel bits (here:
+    the interpreter). On a CUDA host, record its snapshot with `python -m tools.golden --update-snapshot`."""
+    install_cpu(session)
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    session.run("python", "-m", "tools.golden", *session.posargs, env=env)
