@@ -35,7 +35,7 @@ def visible_gpus(environ) -> list[str]:
         lines = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(l for l in lines.splitlines() if line.startswith("GPU "))]
+    return [str(i) for i, line in enumerate(entry for entry in lines.splitlines() if entry.startswith("GPU "))]
 
 
 def pin_worker_to_gpu(environ=os.environ) -> str | None:

@@ -8,8 +8,8 @@ The two bf16 rounding boundaries are intentional; they reproduce the unfused eag
 Keeping FP32 across either boundary computes a different function (SPEC.md).
 
 Rows are walked in token-major order, row = (b*S + s)*H + h; `rstd` is saved in that order.
-Pass-through channels [0, D-R) and the rotary pairs (D-R+2k, D-R+2k+1) are separate blocks, so
-D and R/2 need not be powers of two and D may be odd.
+Each row is one contiguous tile of channels (masked, so D and R/2 need not be powers of two and D
+may be odd); a rotary lane also reads its pair partner, which lies in the same cache lines.
 """
 
 from __future__ import annotations
@@ -30,10 +30,24 @@ from dsrope._common import (
 
 
 @triton.jit
-def _row_coordinates(row, S, H: tl.constexpr):
+def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    """Coordinates of M token-major rows and the channel lanes of their tile.
+
+    A rotary lane (channel c >= D - R) also reads its pair partner: c + 1 for the first channel
+    of a pair, c - 1 for the second (pairs are counted from D - R, so D itself may be odd).
+    """
+    row_ok = row < rows
     h = row % H
     token = row // H
-    return token // S, h, token % S
+    s = token % S
+    b = token // S
+    c = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    valid = row_ok[:, None] & (c < D)
+    j = c - (D - R)
+    rot = valid & (j >= 0)
+    second = (j & 1) == 1
+    partner = tl.where(second, c - 1, c + 1)
+    return b, h, s, c, valid, rot, second, partner, j // 2
 
 
 @triton.jit
@@ -41,39 +55,29 @@ def _qnorm_rope(
     x, cos, sin, out, rstd, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    EPS: tl.constexpr, M: tl.constexpr, BLOCK_PASS: tl.constexpr, BLOCK_PAIRS: tl.constexpr,
+    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Normalize and rotate M rows per program into token-major `out` [B, S, H, D]."""
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    row_ok = row < rows
-    b, h, s = _row_coordinates(row, S, H)
+    b, h, s, c, valid, rot, second, partner, k = _row_tile(row, rows, S, H, D, R, BLOCK)
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
-    out_row = out + (row * D)[:, None]
-
-    c = tl.arange(0, BLOCK_PASS).to(tl.int64)[None, :]
-    pass_mask = row_ok[:, None] & (c < D - R)
-    k = tl.arange(0, BLOCK_PAIRS).to(tl.int64)[None, :]
-    pair_mask = row_ok[:, None] & (k < R // 2)
-    even = D - R + 2 * k
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    xp = tl.load(x_row + c * XD, mask=pass_mask).to(tl.float32)
-    xa = tl.load(x_row + even * XD, mask=pair_mask).to(tl.float32)
-    xb = tl.load(x_row + (even + 1) * XD, mask=pair_mask).to(tl.float32)
+    v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
+    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
 
-    squares = tl.sum(xp * xp, axis=1) + tl.sum(xa * xa + xb * xb, axis=1)
-    r = tl.rsqrt(squares / D + EPS)
-    tl.store(rstd + row, r, mask=row_ok)
+    r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)
+    tl.store(rstd + row, r, mask=row < rows)
 
+    # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
-    tl.store(out_row + c, (xp * r[:, None]).to(dtype), mask=pass_mask)
-    # Boundary 1: round the normalized pair to x.dtype, then rotate it in FP32.
-    ya = (xa * r[:, None]).to(dtype).to(tl.float32)
-    yb = (xb * r[:, None]).to(dtype).to(tl.float32)
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=pair_mask)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=pair_mask)
-    tl.store(out_row + even, (ya * cs - yb * sn).to(dtype), mask=pair_mask)
-    tl.store(out_row + even + 1, (ya * sn + yb * cs).to(dtype), mask=pair_mask)
+    y = (v * r[:, None]).to(dtype)
+    y_partner = (p * r[:, None]).to(dtype).to(tl.float32)
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
+    # first of a pair: ya*c - yb*s; second: yb*c + ya*s
+    rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn
+    tl.store(out + (row * D)[:, None] + c, tl.where(rot, rotated.to(dtype), y), mask=valid)
 
 
 @triton.jit
@@ -81,52 +85,36 @@ def _qnorm_rope_backward(
     x, grad, cos, sin, rstd, out, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, GB, GH, GS, GD, CB, CS, CD, SB, SS, SD,
-    M: tl.constexpr, BLOCK_PASS: tl.constexpr, BLOCK_PAIRS: tl.constexpr,
+    M: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """De-rotate the upstream gradient, round it, then apply the RMSNorm input gradient."""
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    row_ok = row < rows
-    b, h, s = _row_coordinates(row, S, H)
+    b, h, s, c, valid, rot, second, partner, k = _row_tile(row, rows, S, H, D, R, BLOCK)
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     g_row = grad + (b * GB + h * GH + s * GS)[:, None]
-    out_row = out + (row * D)[:, None]
 
-    c = tl.arange(0, BLOCK_PASS).to(tl.int64)[None, :]
-    pass_mask = row_ok[:, None] & (c < D - R)
-    k = tl.arange(0, BLOCK_PAIRS).to(tl.int64)[None, :]
-    pair_mask = row_ok[:, None] & (k < R // 2)
-    even = D - R + 2 * k
-
-    r = tl.load(rstd + row, mask=row_ok)[:, None]
-    xp = tl.load(x_row + c * XD, mask=pass_mask).to(tl.float32) * r
-    xa = tl.load(x_row + even * XD, mask=pair_mask).to(tl.float32) * r
-    xb = tl.load(x_row + (even + 1) * XD, mask=pair_mask).to(tl.float32) * r
-    gp = tl.load(g_row + c * GD, mask=pass_mask).to(tl.float32)
-    ga = tl.load(g_row + even * GD, mask=pair_mask).to(tl.float32)
-    gb = tl.load(g_row + (even + 1) * GD, mask=pair_mask).to(tl.float32)
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=pair_mask)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=pair_mask)
+    r = tl.load(rstd + row, mask=row < rows)[:, None]
+    xhat = tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r
+    g = tl.load(g_row + c * GD, mask=valid).to(tl.float32)
+    g_partner = tl.load(g_row + partner * GD, mask=rot).to(tl.float32)
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
 
     # Boundary 2: the de-rotated gradient is rounded to x.dtype before the RMSNorm backward.
+    # first of a pair: ga*c + gb*s; second: gb*c - ga*s
     dtype = out.dtype.element_ty
-    da = (ga * cs + gb * sn).to(dtype).to(tl.float32)
-    db = (gb * cs - ga * sn).to(dtype).to(tl.float32)
+    derotated = (g * cs + tl.where(second, -g_partner, g_partner) * sn).to(dtype).to(tl.float32)
+    g = tl.where(rot, derotated, g)
 
-    mean = (tl.sum(gp * xp, axis=1) + tl.sum(da * xa + db * xb, axis=1)) / D
-    mean = mean[:, None]
-    tl.store(out_row + c, (r * (gp - xp * mean)).to(dtype), mask=pass_mask)
-    tl.store(out_row + even, (r * (da - xa * mean)).to(dtype), mask=pair_mask)
-    tl.store(out_row + even + 1, (r * (db - xb * mean)).to(dtype), mask=pair_mask)
+    mean = tl.sum(g * xhat, axis=1)[:, None] / D
+    tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-def _blocks(dim: int, rotary: int) -> dict:
+def _config(dim: int) -> dict:
     # The interpreter pays per program, the GPU per register: big blocks on CPU, ~8K elements on GPU.
+    block = next_pow2(dim)
     budget = 1 << 16 if INTERPRET else 1 << 13
-    return dict(
-        M=max(1, min(64, budget // next_pow2(dim))),
-        BLOCK_PASS=next_pow2(max(dim - rotary, 1)),
-        BLOCK_PAIRS=next_pow2(rotary // 2),
-    )
+    return dict(M=max(1, min(64, budget // block)), BLOCK=block)
 
 
 def _forward(x, cos, sin, rotary, eps):
@@ -136,10 +124,10 @@ def _forward(x, cos, sin, rotary, eps):
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
-    blocks = _blocks(dim, rotary)
-    _qnorm_rope[(triton.cdiv(rows, blocks["M"]),)](
+    config = _config(dim)
+    _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **blocks,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
     )
     return out, rstd
 
@@ -150,10 +138,10 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    blocks = _blocks(dim, rotary)
-    _qnorm_rope_backward[(triton.cdiv(rows, blocks["M"]),)](
+    config = _config(dim)
+    _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **blocks,
+        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
     )
     return out
 

@@ -27,11 +27,13 @@ def _rotate(
     x, cos, sin, out, rows, SEQUENCE,
     HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    INVERSE: tl.constexpr, M: tl.constexpr, BLOCK_PASS: tl.constexpr, BLOCK_PAIRS: tl.constexpr,
+    INVERSE: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Rotate M rows of x [B, H, S, D] into token-major storage `out` [B, S, H, D].
 
-    INVERSE negates the sine: the backward applies the conjugate rotation with the same kernel.
+    Each row is one contiguous tile of channels; a rotary lane also loads its pair partner
+    (channel c ^ 1 within the rotary slice, same cache lines), so loads and stores stay
+    contiguous. INVERSE negates the sine: the backward is the same kernel.
     """
     # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -43,30 +45,32 @@ def _rotate(
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * DIM)[:, None]
 
-    PASS: tl.constexpr = DIM - ROTARY
-    if PASS > 0:
-        c = tl.arange(0, BLOCK_PASS).to(tl.int64)[None, :]
-        mask = row_ok[:, None] & (c < PASS)
-        tl.store(out_row + c, tl.load(x_row + c * XD, mask=mask), mask=mask)
-
-    k = tl.arange(0, BLOCK_PAIRS).to(tl.int64)[None, :]
-    mask = row_ok[:, None] & (k < ROTARY // 2)
-    even = PASS + 2 * k
+    c = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    valid = row_ok[:, None] & (c < DIM)
+    j = c - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
+    rot = valid & (j >= 0)
+    second = (j & 1) == 1  # second channel of its pair
+    partner = tl.where(second, c - 1, c + 1)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    a = tl.load(x_row + even * XD, mask=mask).to(tl.float32)
-    b_ = tl.load(x_row + (even + 1) * XD, mask=mask).to(tl.float32)
-    c_ = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=mask)
-    s_ = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=mask)
+    v = tl.load(x_row + c * XD, mask=valid)
+    a = v.to(tl.float32)
+    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    k = j // 2
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
-        s_ = -s_
-    tl.store(out_row + even, (a * c_ - b_ * s_).to(out.dtype.element_ty), mask=mask)
-    tl.store(out_row + even + 1, (a * s_ + b_ * c_).to(out.dtype.element_ty), mask=mask)
+        sn = -sn
+    # first of a pair: a*c - b*s; second: b*c + a*s
+    rotated = a * cs + tl.where(second, p, -p) * sn
+    result = tl.where(rot, rotated.to(out.dtype.element_ty), v)
+    tl.store(out_row + c, result, mask=valid)
 
 
-def _rows_per_program(channels: int) -> int:
+def _config(channels: int) -> dict:
     # The interpreter pays per program, the GPU per register: big blocks on CPU, ~8K elements on GPU.
+    block = next_pow2(channels)
     budget = 1 << 16 if INTERPRET else 1 << 13
-    return max(1, min(64, budget // next_pow2(channels)))
+    return dict(M=max(1, min(64, budget // block)), BLOCK=block)
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:
@@ -76,12 +80,10 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    m = _rows_per_program(dim)
-    _rotate[(triton.cdiv(rows, m),)](
+    config = _config(dim)
+    _rotate[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(),
-        INVERSE=inverse, M=m,
-        BLOCK_PASS=next_pow2(max(dim - rotary, 1)), BLOCK_PAIRS=next_pow2(rotary // 2),
+        *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
     )
     return out
 

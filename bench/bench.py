@@ -1,0 +1,208 @@
+"""Benchmark the DSV4 kernels against the eager chain and torch.compile of it (CUDA only).
+
+For each shape (B in {1, 4}, H in {64, 128}, S in {4096, 16384}, D=512, R=64, bf16), each input
+layout (the production [B, H, S, D] view of token-major storage, and a contiguous head-major
+tensor), each kernel and direction (forward, backward, forward+backward): the median time over
+warm runs (triton.testing.do_bench), the bytes that must move (each input read once, each output
+written once), GB/s, the fraction of the device-to-device copy bandwidth measured in this run,
+and the speedup over eager and over torch.compile (same run). Writes a CSV, a markdown table and
+a PNG chart.
+
+    python bench/bench.py --out out/bench            # everything
+    python bench/bench.py --quick                    # one shape, for a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+
+D, R, EPS = 512, 64, 1e-6
+SHAPES = [(b, h, s) for b in (1, 4) for h in (64, 128) for s in (4096, 16384)]
+
+
+def eager_rotate(y, cos, sin):
+    """FP32 interleaved rotation of the trailing R channels, cast back: the unfused reference chain."""
+    f = y.float()
+    keep, a, b = f[..., : D - R], f[..., D - R :: 2], f[..., D - R + 1 :: 2]
+    c, s = cos[:, None, :, : R // 2], sin[:, None, :, : R // 2]
+    rot = torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
+    return torch.cat((keep, rot), -1).to(y.dtype)
+
+
+def eager_qnorm_rope(x, cos, sin):
+    return eager_rotate(F.rms_norm(x, (D,), eps=EPS), cos, sin)
+
+
+def eager_partial_rope(x, cos, sin):
+    return eager_rotate(x, cos, sin)
+
+
+compiled = {
+    "qnorm_rope": torch.compile(eager_qnorm_rope, dynamic=True),
+    "partial_rope": torch.compile(eager_partial_rope, dynamic=True),
+}
+IMPLS = {
+    "qnorm_rope": {
+        "triton": lambda x, c, s: qnorm_rope_triton(x, c, s, R, EPS),
+        "eager": eager_qnorm_rope,
+        "compile": lambda x, c, s: compiled["qnorm_rope"](x, c, s),
+    },
+    "partial_rope": {
+        "triton": lambda x, c, s: apply_partial_rope_triton(x, c, s, R),
+        "eager": eager_partial_rope,
+        "compile": lambda x, c, s: compiled["partial_rope"](x, c, s),
+    },
+}
+
+
+def bytes_moved(kernel, direction, b, h, s):
+    n = b * h * s * D * 2  # bf16
+    rows = b * h * s
+    tables = 2 * s * (R // 2) * 4  # the unique half of cos and sin, batch broadcast
+    rstd = rows * 4 if kernel == "qnorm_rope" else 0
+    fwd = 2 * n + rstd + tables  # read x, write out (+ write rstd)
+    bwd = (3 * n + rstd if kernel == "qnorm_rope" else 2 * n) + tables  # read x, g (+ rstd), write dx
+    return {"forward": fwd, "backward": bwd, "forward+backward": fwd + bwd}[direction]
+
+
+def copy_bandwidth():
+    x = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda").normal_()  # 4 GiB, far above L2
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
+    del x, y
+    return 2 * (1 << 31) * 2 / (ms * 1e-3)
+
+
+def make_inputs(b, h, s, layout):
+    if layout == "token_major":
+        x = torch.randn(b, s, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        x = torch.randn(b, h, s, D, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(s, device="cuda", dtype=torch.float32)[:, None]
+    inv = 10000.0 ** (-torch.arange(R // 2, device="cuda", dtype=torch.float32) * 2 / R)
+    ang = torch.cat((pos * inv, pos * inv), -1)[None].expand(b, s, R)
+    return x, torch.cos(ang), torch.sin(ang)
+
+
+def time_one(fn, x, cos, sin, direction):
+    if direction == "forward":
+        return do_bench(lambda: fn(x, cos, sin), warmup=25, rep=100, return_mode="median")
+    g = torch.randn_like(x)
+    if direction == "backward":
+        # a fresh graph per call (torch.compile's backward donates its buffers, so no retain_graph):
+        # the forward runs outside the timed region, between timed backward calls
+        return median_backward(fn, x, cos, sin, g)
+
+    def both():
+        xi = x.detach().requires_grad_()
+        torch.autograd.grad(fn(xi, cos, sin), xi, g)
+
+    return do_bench(both, warmup=25, rep=100, return_mode="median")
+
+
+def median_backward(fn, x, cos, sin, g, reps=40):
+    times = []
+    for i in range(reps + 5):
+        xi = x.detach().requires_grad_()
+        out = fn(xi, cos, sin)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        torch.autograd.grad(out, xi, g)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 5:  # warm
+            times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/bench")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--impls", default="triton,eager,compile")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    impls = args.impls.split(",")
+    shapes = [(1, 64, 4096)] if args.quick else SHAPES
+    copy = copy_bandwidth()
+    gpu = torch.cuda.get_device_name()
+    meta = (f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}, "
+            f"copy bandwidth {copy / 1e9:.0f} GB/s (read+write)")
+    print(meta, flush=True)
+    rows = []
+    for b, h, s in shapes:
+        for layout in ("token_major", "head_major"):
+            x, cos, sin = make_inputs(b, h, s, layout)
+            for kernel in ("qnorm_rope", "partial_rope"):
+                for direction in ("forward", "backward", "forward+backward"):
+                    ms = {i: time_one(IMPLS[kernel][i], x, cos, sin, direction) for i in impls}
+                    nbytes = bytes_moved(kernel, direction, b, h, s)
+                    gbs = nbytes / (ms["triton"] * 1e-3) / 1e9
+                    row = dict(kernel=kernel, direction=direction, B=b, H=h, S=s, layout=layout,
+                               triton_ms=ms["triton"], bytes=nbytes, GBps=gbs, copy_fraction=gbs * 1e9 / copy,
+                               **{f"{i}_ms": ms[i] for i in impls if i != "triton"},
+                               **{f"speedup_vs_{i}": ms[i] / ms["triton"] for i in impls if i != "triton"})
+                    rows.append(row)
+                    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                          flush=True)
+            del x, cos, sin
+            torch.cuda.empty_cache()
+    with open(out / "bench.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    write_markdown(out / "perf.md", rows, meta, impls)
+    write_chart(out / "perf.png", rows, copy)
+    worst = min(r["copy_fraction"] for r in rows)
+    print(f"worst fraction of copy bandwidth: {worst:.3f}")
+
+
+def write_markdown(path, rows, meta, impls):
+    others = [i for i in impls if i != "triton"]
+    head = ["kernel", "direction", "B", "H", "S", "layout", "ms", "GB/s", "of copy"] + [f"vs {i}" for i in others]
+    lines = [f"Measured {meta}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["kernel"], r["direction"], r["B"], r["H"], r["S"], r["layout"], f"{r['triton_ms']:.3f}",
+                 f"{r['GBps']:.0f}", f"{r['copy_fraction']:.1%}"] + [f"{r[f'speedup_vs_{i}']:.2f}x" for i in others]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_chart(path, rows, copy):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no chart")
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5), sharey=True)
+    for ax, kernel in zip(axes, ("qnorm_rope", "partial_rope"), strict=True):
+        sel = [r for r in rows if r["kernel"] == kernel]
+        labels = [f"{r['direction'][:3]} {r['B']}x{r['H']}x{r['S']} {r['layout'][:4]}" for r in sel]
+        ax.barh(range(len(sel)), [r["copy_fraction"] for r in sel])
+        ax.axvline(0.9, color="red", linestyle="--", label="90% of copy")
+        ax.set_yticks(range(len(sel)), labels, fontsize=5)
+        ax.set_title(f"{kernel}: fraction of copy bandwidth ({copy / 1e12:.2f} TB/s)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
