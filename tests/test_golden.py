@@ -76,9 +76,10 @@ def test_reference_reproduces_stored_outputs(manifest, name):
         for k in outputs
     )
     if not same:
-        old = {k: v for k, v in golden.logical(tensors).items() if not k.startswith("input.")}
-        new = {k: v for k, v in golden.logical(fresh).items() if not k.startswith("input.")}
-        changes = golden.diff_tensors(name, old, new, golden.DTYPES[record["dtype"]])
+        dtype = golden.DTYPES[record["dtype"]]
+        old = {k: v for k, v in golden.logical(tensors, dtype).items() if not k.startswith("input.")}
+        new = {k: v for k, v in golden.logical(fresh, dtype).items() if not k.startswith("input.")}
+        changes = golden.diff_tensors(name, old, new)
         pytest.fail(golden.summary(changes, "the reference no longer reproduces the stored outputs"))
 
 
@@ -131,8 +132,7 @@ def test_kernel_bits_match_platform_snapshot(manifest, name):
     )
     old = {k.split("/", 1)[1]: v for k, v in bits.items() if k.startswith(name + "/")}
     new = kernel_outputs(name)
-    record, _ = stored(name)
-    changes = golden.diff_tensors(name, old, new, golden.DTYPES[record["dtype"]])
+    changes = golden.diff_tensors(name, old, new)
     assert not changes, golden.summary(changes, f"kernel bits differ from snapshot {meta['file']} ({key})")
 
 

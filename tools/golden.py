@@ -347,13 +347,11 @@ def smallest_int(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def ulp_distance(a64: torch.Tensor, b64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """ULPs of `dtype` between a and b where both are in it, else ULPs of FP64; NaN vs number: 2**62."""
-    in_dtype = exact_in(a64, dtype) and exact_in(b64, dtype)
-    d = (ordered(a64.to(dtype)) - ordered(b64.to(dtype))) if in_dtype else (ordered(a64) - ordered(b64))
-    d = d.abs()
-    d = torch.where(a64.isnan() & b64.isnan(), 0, d)
-    return torch.where(a64.isnan() ^ b64.isnan(), 1 << 62, d)
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Representable values of their (common) dtype between a and b; NaN vs NaN 0, NaN vs number 2**62."""
+    d = (ordered(a) - ordered(b)).abs()
+    d = torch.where(a.isnan() & b.isnan(), 0, d)
+    return torch.where(a.isnan() ^ b.isnan(), 1 << 62, d)
 
 
 # --- encoding ---------------------------------------------------------------------------------------
@@ -398,13 +396,14 @@ def encode_case(case: Case, inputs: dict[str, torch.Tensor], stages: dict) -> di
     return tensors
 
 
-def logical(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Stored tensors -> name: FP64 values (input.x, qnorm_rope.out.ref, .lo, .hi, ...), for diffs."""
-    out = {k: v.to(torch.float64) for k, v in tensors.items() if k.startswith("input.")}
+def logical(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Stored tensors -> name: values (input.x, qnorm_rope.out.ref, .lo, .hi, ...), each in the narrowest
+    of (case dtype, float32, float64) that holds it, for diffs in ULPs."""
+    out = {k: v for k, v in tensors.items() if k.startswith("input.")}
     stages = {k.rsplit(".", 1)[0] for k in tensors if not k.startswith("input.")}
     for stage in sorted(stages):
         for side, t in decode_stage(stage, tensors).items():
-            out[f"{stage}.{side}"] = t
+            out[f"{stage}.{side}"] = narrowest(t, dtype)
     return out
 
 
@@ -595,21 +594,26 @@ def input_hashes(tensors: dict[str, torch.Tensor]) -> str:
 class Change:
     case: str
     tensor: str
-    changed: int
+    changed: int  # elements whose bits differ
     total: int
     max_ulp: int | None  # None: the tensor is new, gone, or changed shape
+    unit: str = ""  # the dtype the ULPs count in
 
     def __str__(self) -> str:
         if self.max_ulp is None:
             return f"  {self.case}  {self.tensor}: {self.changed} elements (added, removed or reshaped)"
-        ulp = "NaN vs number" if self.max_ulp >= 1 << 62 else f"{self.max_ulp} ulp"
+        if self.max_ulp >= 1 << 62:
+            ulp = "NaN vs number"
+        elif self.max_ulp == 0:
+            ulp = f"0 ulp ({self.unit}; only NaN bits changed)"
+        else:
+            ulp = f"{self.max_ulp} ulp ({self.unit})"
         return f"  {self.case}  {self.tensor}: {self.changed} / {self.total} elements, max {ulp}"
 
 
-def diff_tensors(
-    case: str, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor], dtype
-) -> list[Change]:
-    """Changes between two name -> tensor maps (compared as values, ULPs of `dtype` where both fit)."""
+def diff_tensors(case: str, old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> list[Change]:
+    """Bitwise changes between two name -> float tensor maps, in ULPs of the tensors' dtype (FP64 where
+    the dtype itself changed)."""
     changes = []
     for name in sorted(set(old) | set(new)):
         a, b = old.get(name), new.get(name)
@@ -617,28 +621,36 @@ def diff_tensors(
             n = (a if b is None else b).numel()
             changes.append(Change(case, name, n, n, None))
             continue
-        a64, b64 = a.to(torch.float64), b.to(torch.float64)
-        same = ((a64 == b64) & (a64.signbit() == b64.signbit())) | (a64.isnan() & b64.isnan())
-        same &= a.dtype == b.dtype
+        if a.dtype != b.dtype:
+            a, b = a.to(torch.float64), b.to(torch.float64)
+        same = ordered(a) == ordered(b)
         if bool(same.all()):
             continue
-        ulps = ulp_distance(a64, b64, dtype)
-        changes.append(Change(case, name, int((~same).sum()), a.numel(), int(ulps.max())))
+        ulps = ulp_distance(a, b)
+        unit = str(a.dtype).removeprefix("torch.")
+        changes.append(Change(case, name, int((~same).sum()), a.numel(), int(ulps.max()), unit))
     return changes
 
 
 def summary(changes: list[Change], what: str) -> str:
+    """One line (cases, tensors, elements, largest change in ULPs), then one line per changed tensor."""
     if not changes:
         return f"{what}: no change"
     cases = sorted({c.case for c in changes})
     elements = sum(c.changed for c in changes)
-    worst = max((c.max_ulp for c in changes if c.max_ulp is not None), default=None)
-    worst = "n/a" if worst is None else ("NaN vs number" if worst >= 1 << 62 else f"{worst} ulp")
-    lines = [
+    measured = [c for c in changes if c.max_ulp is not None]
+    worst = max(measured, key=lambda c: c.max_ulp, default=None)
+    if worst is None:
+        largest = "n/a"
+    elif worst.max_ulp >= 1 << 62:
+        largest = "NaN vs number"
+    else:
+        largest = f"{worst.max_ulp} ulp ({worst.unit}, {worst.case} {worst.tensor})"
+    head = (
         f"{what}: {len(cases)} cases changed ({', '.join(cases)}), {len(changes)} tensors, "
-        f"{elements} elements, largest change {worst}"
-    ]
-    return "\n".join(lines + [str(c) for c in changes])
+        f"{elements} elements, largest change {largest}"
+    )
+    return "\n".join([head] + [str(c) for c in changes])
 
 
 def reference_report(root: Path, files: dict[str, bytes], manifest_bytes: bytes) -> tuple[str, bool]:
@@ -659,7 +671,8 @@ def reference_report(root: Path, files: dict[str, bytes], manifest_bytes: bytes)
     changes = []
     for record in new_manifest["cases"]:
         name, rel = record["name"], record["file"]
-        new = logical(load(files[rel]))
+        dtype = DTYPES[record["dtype"]]
+        new = logical(load(files[rel]), dtype)
         old = {}
         if name in old_records:
             if old_records[name] != record:
@@ -670,12 +683,12 @@ def reference_report(root: Path, files: dict[str, bytes], manifest_bytes: bytes)
                 )
                 lines.append(f"case {name}: description changed ({', '.join(keys)})")
             try:
-                old = logical(read_tensors(root / rel, old_manifest["files"][rel]))
+                old = logical(read_tensors(root / rel, old_manifest["files"][rel]), dtype)
             except (GoldenError, KeyError) as e:
                 lines.append(f"case {name}: stored file unusable: {e}")
         else:
             lines.append(f"case {name}: new")
-        changes += diff_tensors(name, old, new, DTYPES[record["dtype"]])
+        changes += diff_tensors(name, old, new)
     for name in sorted(set(old_records) - {c["name"] for c in new_manifest["cases"]}):
         lines.append(f"case {name}: removed")
     stored_bytes = {rel: (root / rel).read_bytes() if (root / rel).is_file() else None for rel in files}
@@ -779,7 +792,7 @@ def record_snapshot(root: Path = GOLDEN) -> str:
         for name, t in run_kernels(record, tensors).items():
             outputs[f"{record['name']}/{name}"] = t
     data_path, sidecar = snapshot_paths(root, key)
-    report = snapshot_report(root, key, manifest, outputs)
+    report = snapshot_report(root, key, outputs)
     data = serialize(outputs, {"key": key})
     meta = {
         "about": "kernel outputs on one platform: written by `python -m tools.golden --update-snapshot`",
@@ -797,7 +810,7 @@ def record_snapshot(root: Path = GOLDEN) -> str:
     return f"{report}\nrecorded {relname(data_path)} ({len(data)} bytes) and {relname(sidecar)}"
 
 
-def snapshot_report(root: Path, key: dict, manifest: dict, outputs: dict[str, torch.Tensor]) -> str:
+def snapshot_report(root: Path, key: dict, outputs: dict[str, torch.Tensor]) -> str:
     _, sidecar = snapshot_paths(root, key)
     if not sidecar.is_file():
         return f"no earlier snapshot for {key}"
@@ -805,12 +818,11 @@ def snapshot_report(root: Path, key: dict, manifest: dict, outputs: dict[str, to
         _, stored = read_snapshot(sidecar)
     except GoldenError as e:
         return f"earlier snapshot unusable: {e}"
-    dtypes = {c["name"]: DTYPES[c["dtype"]] for c in manifest["cases"]}
     changes = []
     for case in sorted({k.split("/")[0] for k in set(stored) | set(outputs)}):
         old = {k.split("/", 1)[1]: v for k, v in stored.items() if k.startswith(case + "/")}
         new = {k.split("/", 1)[1]: v for k, v in outputs.items() if k.startswith(case + "/")}
-        changes += diff_tensors(case, old, new, dtypes.get(case, torch.float32))
+        changes += diff_tensors(case, old, new)
     return summary(changes, f"kernel bits vs the earlier snapshot for {key}")
 
 
