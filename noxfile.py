@@ -80,6 +80,27 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", "--diff", "reference", "tests", "noxfile.py", "conftest.py")
 
 
+def cuda_session_env() -> dict:
+    return {
+        "TRITON_INTERPRET": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+
+
+@nox.session(venv_backend="none")
+def sanitize(session: nox.Session) -> None:
+    """compute-sanitizer memcheck over representative launches (CUDA host; zero errors to pass)."""
+    env = cuda_session_env() | {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    session.run("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", "--leak-check", "no",
+                "python", "tools/sanitize_launches.py", external=True, env=env)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmark on CUDA: CSV, markdown table and chart under out/bench (see bench/bench.py)."""
+    session.run("python", "bench/bench.py", *session.posargs, env=cuda_session_env())
+
+
 @nox.session
 def golden(session: nox.Session) -> None:
     """Regenerate the reference goldens from the reference and diff them against golden/ (tools/golden.py).

@@ -8,7 +8,7 @@ written once), GB/s, the fraction of the device-to-device copy bandwidth measure
 and the speedup over eager and over torch.compile (same run). Writes a CSV, a markdown table and
 a PNG chart.
 
-    python bench/bench.py --out out/bench            # everything
+    python bench/bench.py --out out/bench            # everything (backward = fwd+bwd - fwd)
     python bench/bench.py --quick                    # one shape, for a smoke run
 """
 
@@ -100,32 +100,12 @@ def time_one(fn, x, cos, sin, direction):
     if direction == "forward":
         return do_bench(lambda: fn(x, cos, sin), warmup=25, rep=100, return_mode="median")
     g = torch.randn_like(x)
-    if direction == "backward":
-        # a fresh graph per call (torch.compile's backward donates its buffers, so no retain_graph):
-        # the forward runs outside the timed region, between timed backward calls
-        return median_backward(fn, x, cos, sin, g)
 
     def both():
         xi = x.detach().requires_grad_()
         torch.autograd.grad(fn(xi, cos, sin), xi, g)
 
     return do_bench(both, warmup=25, rep=100, return_mode="median")
-
-
-def median_backward(fn, x, cos, sin, g, reps=40):
-    times = []
-    for i in range(reps + 5):
-        xi = x.detach().requires_grad_()
-        out = fn(xi, cos, sin)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        torch.autograd.grad(out, xi, g)
-        end.record()
-        torch.cuda.synchronize()
-        if i >= 5:  # warm
-            times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -148,8 +128,15 @@ def main():
         for layout in ("token_major", "head_major"):
             x, cos, sin = make_inputs(b, h, s, layout)
             for kernel in ("qnorm_rope", "partial_rope"):
+                times = {}
+                for i in impls:
+                    # backward = (forward+backward) - forward for every implementation alike: a fresh
+                    # graph per call (torch.compile donates its backward buffers: no retain_graph)
+                    fwd = time_one(IMPLS[kernel][i], x, cos, sin, "forward")
+                    both = time_one(IMPLS[kernel][i], x, cos, sin, "forward+backward")
+                    times[i] = {"forward": fwd, "forward+backward": both, "backward": both - fwd}
                 for direction in ("forward", "backward", "forward+backward"):
-                    ms = {i: time_one(IMPLS[kernel][i], x, cos, sin, direction) for i in impls}
+                    ms = {i: times[i][direction] for i in impls}
                     nbytes = bytes_moved(kernel, direction, b, h, s)
                     gbs = nbytes / (ms["triton"] * 1e-3) / 1e9
                     row = dict(kernel=kernel, direction=direction, B=b, H=h, S=s, layout=layout,

@@ -46,7 +46,9 @@ def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, B
     j = c - (D - R)
     rot = valid & (j >= 0)
     second = (j & 1) == 1
-    partner = tl.where(second, c - 1, c + 1)
+    # j ^ 1 is the partner's position; a select between c - 1 and c + 1 made the compiler treat
+    # the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
+    partner = (j ^ 1) + (D - R)
     return b, h, s, c, valid, rot, second, partner, j // 2
 
 
@@ -110,11 +112,14 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-def _config(dim: int) -> dict:
-    # The interpreter pays per program, the GPU per register: big blocks on CPU, ~8K elements on GPU.
+def _config(dim: int, elements: int) -> dict:
+    # The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
+    # won (tools/sweep.py, docs/perf.md): forward 4 rows of 512 channels (98% of copy bandwidth),
+    # backward 8 rows (92%).
     block = next_pow2(dim)
-    budget = 1 << 16 if INTERPRET else 1 << 13
-    return dict(M=max(1, min(64, budget // block)), BLOCK=block)
+    if INTERPRET:
+        return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
+    return dict(M=max(1, elements // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
 
 
 def _forward(x, cos, sin, rotary, eps):
@@ -124,7 +129,7 @@ def _forward(x, cos, sin, rotary, eps):
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
-    config = _config(dim)
+    config = _config(dim, 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
@@ -138,7 +143,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = _config(dim)
+    config = _config(dim, 4096)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
         *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,

@@ -50,7 +50,9 @@ def _rotate(
     j = c - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
     rot = valid & (j >= 0)
     second = (j & 1) == 1  # second channel of its pair
-    partner = tl.where(second, c - 1, c + 1)
+    # j ^ 1 is the partner's position; a select between c - 1 and c + 1 made the compiler treat
+    # the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
+    partner = (j ^ 1) + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     v = tl.load(x_row + c * XD, mask=valid)
     a = v.to(tl.float32)
@@ -67,10 +69,12 @@ def _rotate(
 
 
 def _config(channels: int) -> dict:
-    # The interpreter pays per program, the GPU per register: big blocks on CPU, ~8K elements on GPU.
+    # The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
+    # won (tools/sweep.py, docs/perf.md): 2 rows of 512 channels, 99% of copy bandwidth.
     block = next_pow2(channels)
-    budget = 1 << 16 if INTERPRET else 1 << 13
-    return dict(M=max(1, min(64, budget // block)), BLOCK=block)
+    if INTERPRET:
+        return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
+    return dict(M=max(1, 1024 // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:

@@ -1,0 +1,105 @@
+"""GPU-only checks (compiled kernels): 64-bit offsets past 2**31 elements, run-to-run determinism.
+
+The CPU suite covers the same properties at small sizes (every kernel test checks offsets
+through strides and storage offsets; the interpreter is deterministic by construction).
+Large tensors are judged on the rows at both ends of the buffer, where 32-bit offsets would
+wrap: those rows go through the FP64 model, and through the kernel again as a small tensor,
+which must give the same bits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsrope import apply_partial_rope_triton, qnorm_rope_triton
+from reference import qnorm_rope as qnorm_model
+from reference.rope import partial_rope
+from tests.common import DEVICE, tables
+
+pytestmark = pytest.mark.gpu
+
+# B=1, H=128, D=512: 65536 elements per position; S=32800 puts 2**31 + 2**21 elements in x.
+LARGE = (1, 128, 32800, 512)
+ROTARY = 64
+
+
+def large_inputs(seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    # token-major storage, the production layout; values drawn on the GPU in place
+    x = torch.randn(LARGE[0], LARGE[2], LARGE[1], LARGE[3], device=DEVICE, dtype=torch.bfloat16, generator=g)
+    return x.transpose(1, 2)
+
+
+def ends(t, n=8):
+    """The first and last n positions of the sequence dim (the last ones lie past 2**31)."""
+    return torch.cat((t[:, :, :n], t[:, :, -n:]), dim=2)
+
+
+@pytest.mark.slow
+def test_qnorm_rope_past_2_31_elements():
+    x = large_inputs(0)
+    assert x.numel() > 2**31
+    cos, sin = tables(1, LARGE[2], ROTARY, seed=1)
+    x.requires_grad_()
+    out = qnorm_rope_triton(x, cos, sin, ROTARY, 1e-6)
+    g = torch.ones_like(out)  # a dense gradient; the stride-0 case is covered at small size
+    g = g.normal_(generator=torch.Generator(device=DEVICE).manual_seed(2))
+    (dx,) = torch.autograd.grad(out, x, g)
+    xs, gs = ends(x.detach()), ends(g)
+    cs, ss = ends(cos[:, None]).squeeze(1), ends(sin[:, None]).squeeze(1)
+    fwd = qnorm_model.forward(xs, cs, ss, ROTARY, 1e-6).out.judge(ends(out))
+    bwd = qnorm_model.backward(xs, gs, cs, ss, ROTARY, 1e-6).dx.judge(ends(dx))
+    assert fwd.violations == 0 and bwd.violations == 0, f"{fwd}\n{bwd}"
+    small = xs.contiguous().requires_grad_()
+    out_small = qnorm_rope_triton(small, cs.contiguous(), ss.contiguous(), ROTARY, 1e-6)
+    (dx_small,) = torch.autograd.grad(out_small, small, gs.contiguous())
+    assert torch.equal(out_small, ends(out)) and torch.equal(dx_small, ends(dx))
+
+
+@pytest.mark.slow
+def test_partial_rope_past_2_31_elements():
+    x = large_inputs(3)
+    cos, sin = tables(1, LARGE[2], ROTARY, seed=4)
+    x.requires_grad_()
+    out = apply_partial_rope_triton(x, cos, sin, ROTARY)
+    g = torch.empty_like(out).normal_(generator=torch.Generator(device=DEVICE).manual_seed(5))
+    (dx,) = torch.autograd.grad(out, x, g)
+    cs, ss = ends(cos[:, None]).squeeze(1), ends(sin[:, None]).squeeze(1)
+    fwd = partial_rope(ends(x.detach()), cs, ss, ROTARY).judge(ends(out))
+    bwd = partial_rope(ends(g), cs, ss, ROTARY, inverse=True).judge(ends(dx))
+    assert fwd.violations == 0 and bwd.violations == 0, f"{fwd}\n{bwd}"
+
+
+@pytest.mark.parametrize("kernel", ["qnorm_rope", "partial_rope"])
+def test_run_to_run_determinism(kernel):
+    shape = (2, 64, 512, 512)
+    g0 = torch.Generator(device=DEVICE).manual_seed(6)
+    x = torch.randn(shape[0], shape[2], shape[1], shape[3], device=DEVICE, generator=g0).bfloat16().transpose(1, 2)
+    g = torch.randn(shape, device=DEVICE, generator=g0).bfloat16()
+    cos, sin = tables(shape[0], shape[2], ROTARY, seed=7)
+    results = []
+    for _ in range(3):
+        xi = x.detach().requires_grad_()
+        if kernel == "qnorm_rope":
+            out = qnorm_rope_triton(xi, cos, sin, ROTARY, 1e-6)
+        else:
+            out = apply_partial_rope_triton(xi, cos, sin, ROTARY)
+        (dx,) = torch.autograd.grad(out, xi, g)
+        results.append((out, dx))
+    for out, dx in results[1:]:
+        assert torch.equal(out.view(torch.int16), results[0][0].view(torch.int16))
+        assert torch.equal(dx.view(torch.int16), results[0][1].view(torch.int16))
+
+
+def test_worker_sees_its_pinned_gpu():
+    """Under `gpu-tests -n k` each xdist worker is pinned to one GPU (tests/gpu_pinning.py)."""
+    import os
+
+    pinned = os.environ.get("DSROPE_PINNED_GPU")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        assert pinned is None
+        return
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == pinned
+    assert torch.cuda.device_count() == 1
+    print(f"worker {os.environ['PYTEST_XDIST_WORKER']} on GPU {pinned}: {torch.cuda.get_device_name(0)}")

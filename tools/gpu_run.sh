@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: install the carried wheels (nox), print versions, run the GPU gate, memcheck and
+# the benchmark; one log, $OUT/run.log, and phases.txt (at most 8 files come back from $OUT). Usage on the device: bash tools/gpu_run.sh [phase ...]
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  python3 -m pip list 2>/dev/null | grep -i -E '^(hypothesis|pytest|pytest-xdist|numpy|ml.dtypes|mpmath|safetensors|matplotlib) '
+} 2>&1 | tee -a "$OUT/run.log"
+for phase in "$@"; do
+  start=$(date +%s)
+  case "$phase" in
+    tests-core) timeout 330 python3 -m nox -s gpu-tests -- -q -rfE --durations=10 tests/test_rope.py tests/test_qnorm_rope.py tests/test_gpu.py tests/test_gpu_pinning.py ;;
+    tests) timeout 560 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 ;;
+    tests-n2) timeout 560 python3 -m nox -s gpu-tests -- -n 2 -q -rfE ;;
+    sweep) timeout 300 python3 tools/sweep.py ;;
+    sanitize) timeout 200 python3 -m nox -s sanitize ;;
+    bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
+    bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
+    bench) timeout 560 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    *) echo "unknown phase $phase" ;;
+  esac 2>&1 | tee -a "$OUT/run.log"
+  echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
+done

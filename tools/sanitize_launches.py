@@ -1,0 +1,58 @@
+"""Representative launches of every kernel for compute-sanitizer memcheck (no reference, no asserts
+beyond finiteness): D not a power of two, odd D, R/2 not a power of two, R = D, R = 2, storage
+offsets, padded and permuted strides, stride-0 tables and gradients.
+
+Run through `nox -s sanitize`, which sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor
+is its own allocation and a read or write one element past a buffer is an error memcheck sees.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+from tests.common import tables  # noqa: E402
+from tests.layouts import TOKEN_MAJOR, Layout, materialize  # noqa: E402
+
+CASES = [
+    # (B, H, S, D, R, layout of x, layout of the gradient)
+    (2, 3, 5, 24, 12, TOKEN_MAJOR, Layout()),
+    (1, 4, 7, 25, 8, Layout(), TOKEN_MAJOR),
+    (2, 2, 3, 40, 40, Layout(order=(0, 2, 1, 3), offset=3), Layout(step=(1, 2, 1, 1))),
+    (1, 2, 9, 96, 2, Layout(order=(3, 0, 1, 2)), Layout(pad=(0, 1, 0, 3))),
+    (1, 8, 16, 512, 64, TOKEN_MAJOR, TOKEN_MAJOR),
+    (3, 1, 1, 6, 6, Layout(step=(2, 1, 1, 1), offset=1), Layout()),
+]
+
+
+def main() -> int:
+    device = torch.device("cuda")
+    launches = 0
+    for b, h, s, d, r, x_layout, g_layout in CASES:
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            cos, sin = tables(b, s, r, seed=d)
+            x = materialize(torch.randn(b, h, s, d).to(dtype).to(device), x_layout)
+            g = materialize(torch.randn(b, h, s, d).to(dtype).to(device), g_layout)
+            for fn, args in ((qnorm_rope_triton, (1e-6,)), (apply_partial_rope_triton, ())):
+                if fn is apply_partial_rope_triton and d % 2:
+                    continue
+                xi = x.detach().requires_grad_()
+                out = fn(xi, cos, sin, r, *args)
+                (dx,) = torch.autograd.grad(out, xi, g)
+                xi2 = x.detach().requires_grad_()
+                fn(xi2, cos, sin, r, *args).sum().backward()  # stride-0 gradient
+                torch.cuda.synchronize()
+                assert torch.isfinite(out).all() and torch.isfinite(dx).all() and torch.isfinite(xi2.grad).all()
+                launches += 6 if fn is qnorm_rope_triton else 6
+    print(f"sanitize_launches: {launches} kernel launches over {len(CASES)} geometries x 3 dtypes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
