@@ -109,3 +109,18 @@ def golden(session: nox.Session) -> None:
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", "-m", "tools.golden", *session.posargs, env=env)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def verify(session: nox.Session) -> None:
+    """The accuracy report (tools/verify.py): compiled kernels on CUDA, the interpreter on CPU.
+
+    The venv sees the system's packages, so a GPU host's torch (and its offline packages) is used
+    as found; on a fresh CPU machine the CPU wheel and the test deps are installed.
+    """
+    probe = "import torch, triton, numpy, ml_dtypes, mpmath, safetensors, matplotlib"
+    try:
+        session.run("python", "-c", probe, silent=True)
+    except nox.command.CommandFailed:
+        install_cpu(session, "report")
+    session.run("python", "-m", "tools.verify", *session.posargs)

@@ -23,10 +23,10 @@ from reference.floats import judge
 from tools import golden
 
 NAMES = [c.name for c in golden.CASES]
-# Triton's interpreter (3.9) converts bf16 subnormals to FP32 wrongly (-1.3775e-39 loads as -1.0286e-38,
-# 9.18e-41 as 0); compiled kernels convert them exactly. Strict: the test fails once the interpreter
-# (or an interpreter fix in dsrope) gets them right, and this entry must then go.
-INTERPRETER_WRONG = {"subnormal-bf16": "Triton interpreter converts bf16 subnormals to FP32 wrongly"}
+# Cases the interpreter cannot run right, as strict xfails. Empty: the interpreter's wrong widening of
+# bf16 subnormals (-1.3775e-39 loaded as -1.0286e-38) is fixed by dsrope._common's interpreter patch
+# (tests/test_interpreter_rounding.py checks every bf16 value).
+INTERPRETER_WRONG: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,9 @@ def next_pow2(n: int) -> int:
 # to nearest even. Without this fix, every bf16 result computed on CPU would differ from the GPU's
 # in about half of the elements, and the CPU suite could not check bf16 rounding at all. Only the
 # default/"rtne" fp32 -> bf16 conversion is replaced; an explicit "rtz" keeps truncating, so a
-# kernel that asks for truncation still truncates.
+# kernel that asks for truncation still truncates. The interpreter also widens bf16 subnormals to
+# fp32 wrongly (-1.3775e-39 became -1.0286e-38); widening is exact (the bf16 bits are the high half
+# of the fp32 bits), so that conversion is replaced too.
 
 
 def _fp32_to_bf16_rne(values: np.ndarray) -> np.ndarray:
@@ -106,6 +108,8 @@ def install_interpreter_rounding() -> bool:
     def convert_float(input, input_dtype, output_dtype, rounding_mode):
         if input_dtype == tl.float32 and output_dtype == tl.bfloat16 and rounding_mode != rtz:
             return _fp32_to_bf16_rne(input)
+        if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+            return np.ascontiguousarray(input).view(np.uint16).astype(np.uint32) << 16
         return truncating(input, input_dtype, output_dtype, rounding_mode)
 
     convert_float._dsrope_rne = True

@@ -1,0 +1,256 @@
+"""The accuracy report: every kernel on the canonical DSV4 (and V3, where present) cases and on the
+golden inputs, against the reference and the goldens.
+
+    python -m tools.verify [--out DIR]          (nox -s verify)
+
+Compiled kernels on CUDA when a GPU is visible, Triton's interpreter on CPU otherwise. Prints one
+table row per kernel x dtype x direction: elements checked, max error in ULP against the correctly
+rounded reference, share bit-identical to it, error-model violations, golden status. Writes
+report.json, report.md and errors.png (ULP error distributions per rounding stage) to DIR. Exits
+non-zero on any violation or golden mismatch, with the reason in the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "src")]
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import numpy  # noqa: E402
+import triton  # noqa: E402
+
+from reference.floats import judge, ulp_distance  # noqa: E402
+from tools import golden  # noqa: E402
+
+# the direction each judged stage belongs to; the forward's rstd is its own row
+DIRECTION = {"out": "forward", "rstd": "forward (rstd)", "dx": "backward"}
+
+
+def ulps(out: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    ref = ref64.to(torch.float32).to(out.dtype) if out.dtype != torch.float32 else ref64.to(torch.float32)
+    return ulp_distance(out.detach().cpu(), ref)
+
+
+class Table:
+    def __init__(self):
+        self.rows = defaultdict(lambda: dict(elements=0, violations=0, exact=0, max_ulp=0, golden=set(), first=""))
+        self.errors = defaultdict(list)  # stage -> ULP errors, for the histogram
+
+    def add(self, kernel, dtype, stage, out, ref, lo, hi, golden_status=None):
+        check = judge(out, ref, lo, hi)
+        row = self.rows[(kernel, dtype, DIRECTION[stage])]
+        row["elements"] += check.checked
+        row["violations"] += check.violations
+        row["exact"] += check.bit_exact
+        row["max_ulp"] = max(row["max_ulp"], check.max_ulp)
+        if check.violations and not row["first"]:
+            row["first"] = check.first_violation
+        if golden_status:
+            row["golden"].add(golden_status)
+        finite = torch.isfinite(ref)
+        self.errors[f"{kernel}.{stage} {dtype}"].append(ulps(out, ref)[finite].clamp(max=1 << 20))
+        return check
+
+
+def canonical_cases():
+    """DSV4 head geometry (D=512, R=64) in the production layout, every dtype, both kernels."""
+    from tests.common import tables
+    from tests.layouts import TOKEN_MAJOR, materialize
+
+    for dtype in ("bfloat16", "float16", "float32"):
+        g = torch.Generator().manual_seed(7)
+        shape = (2, 16, 8, 512)
+        x = torch.randn(shape, generator=g, dtype=torch.float64).to(golden.DTYPES[dtype])
+        grad = torch.randn(shape, generator=g, dtype=torch.float64).to(golden.DTYPES[dtype])
+        device = golden.kernel_device()
+        cos, sin = tables(2, 8, 64, seed=8)
+        yield f"dsv4-{golden.SHORT[dtype]}", dtype, materialize(x.to(device), TOKEN_MAJOR), grad.to(device), cos, sin
+
+
+def run_canonical(table: Table, progress):
+    from reference import qnorm_rope
+    from reference.rope import partial_rope
+
+    for name, dtype, x, grad, cos, sin in canonical_cases():
+        progress(f"canonical {name}")
+        record = {"rotary": 64, "eps": 1e-6, "kernels": ("qnorm_rope", "partial_rope")}
+        outputs = golden.run_case_kernels(record, x, grad, cos, sin)
+        fwd = qnorm_rope.forward(x, cos, sin, 64, 1e-6)
+        bwd = qnorm_rope.backward(x, grad, cos, sin, 64, 1e-6)
+        models = {
+            "qnorm_rope.out": fwd.out, "qnorm_rope.rstd": fwd.rstd, "qnorm_rope.dx": bwd.dx,
+            "partial_rope.out": partial_rope(x, cos, sin, 64),
+            "partial_rope.dx": partial_rope(grad, cos, sin, 64, inverse=True),
+        }
+        for stage, model in models.items():
+            kernel, part = stage.split(".")
+            table.add(kernel, dtype, part, outputs[stage], model.ref, model.lo, model.hi)
+    try:
+        import dsrope.rope_utils  # noqa: F401
+        import reference.rope_utils  # noqa: F401
+    except ImportError:
+        progress("V3 rope_utils not present: skipped")
+        return
+    run_v3(table, progress)
+
+
+def run_v3(table: Table, progress):
+    """The V3 utilities on a bshd query rope slice (d = 64), both pairings, every dtype."""
+    from dsrope.rope_utils import (
+        apply_rotary_emb,
+        apply_rotary_emb_half_split,
+        freqs_cis_from_position_ids,
+        precompute_freqs_cis,
+    )
+    from reference import rope_utils as v3
+
+    device = golden.kernel_device()
+    freqs = precompute_freqs_cis(64, 4096, 10000.0, None)
+    g = torch.Generator().manual_seed(9)
+    positions = torch.randint(0, 4096, (2, 16), generator=g).to(device)
+    table64 = freqs_cis_from_position_ids(positions, freqs)
+    for dtype in ("bfloat16", "float16", "float32"):
+        progress(f"canonical v3 {golden.SHORT[dtype]}")
+        x = torch.randn(2, 16, 8, 64, generator=g, dtype=torch.float64).to(golden.DTYPES[dtype]).to(device)
+        for kernel, fn, model in (
+            ("v3_interleaved", apply_rotary_emb, v3.interleaved),
+            ("v3_half_split", apply_rotary_emb_half_split, v3.half_split),
+        ):
+            m = model(x, table64)
+            table.add(kernel, dtype, "out", fn(x, table64), m.ref, m.lo, m.hi)
+
+
+def run_goldens(table: Table, progress) -> list[str]:
+    problems = []
+    manifest = golden.verify_all()
+    key = golden.platform_key()
+    _, sidecar = golden.snapshot_paths(golden.GOLDEN, key)
+    snapshot = golden.read_snapshot(sidecar)[1] if sidecar.is_file() else None
+    cases = {c.name: c for c in golden.CASES}
+    for i, c in enumerate(manifest["cases"], 1):
+        name = c["name"]
+        progress(f"golden {i}/{len(manifest['cases'])} {name}")
+        record, tensors = golden.load_case(golden.GOLDEN, manifest, name)
+        inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
+        fresh = golden.encode_case(cases[name], inputs, golden.reference_stages(cases[name], inputs))
+        stored_out = [k for k in tensors if not k.startswith("input.")]
+        ref_exact = sorted(fresh) == sorted(tensors) and all(
+            golden.tensor_bytes(fresh[k]) == golden.tensor_bytes(tensors[k]) for k in stored_out
+        )
+        if not ref_exact:
+            problems.append(f"golden {name}: the reference no longer reproduces the stored outputs")
+        outputs = golden.run_kernels(record, tensors)
+        for stage, out in outputs.items():
+            kernel, part = stage.split(".")
+            model = golden.decode_stage(stage, tensors)
+            status = ["ref bit-exact" if ref_exact else "REF CHANGED"]
+            if snapshot is None:
+                status.append(f"no snapshot for {key['device']} triton {key['triton']}")
+            else:
+                old = snapshot.get(f"{name}/{stage}")
+                same = old is not None and golden.tensor_bytes(old) == golden.tensor_bytes(out)
+                status.append("snapshot match" if same else "SNAPSHOT MISMATCH")
+                if not same:
+                    changes = golden.diff_tensors(name, {stage: old} if old is not None else {}, {stage: out})
+                    problems.append(golden.summary(changes, f"golden {name} {stage}: kernel bits differ from snapshot"))
+            table.add(kernel, record["dtype"], part, out, model["ref"], model["lo"], model["hi"], ", ".join(status))
+    return problems
+
+
+def render(table: Table, meta: dict) -> tuple[str, list[dict]]:
+    head = ["kernel", "dtype", "direction", "elements", "max ulp", "bit-exact", "violations", "golden"]
+    rows = []
+    for (kernel, dtype, direction), r in sorted(table.rows.items()):
+        rows.append(dict(kernel=kernel, dtype=dtype, direction=direction, elements=r["elements"],
+                         max_ulp=r["max_ulp"], bit_exact=r["exact"] / max(r["elements"], 1),
+                         violations=r["violations"], golden="; ".join(sorted(r["golden"])) or "-",
+                         first_violation=r["first"]))
+    lines = [f"device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['direction']} | {r['elements']} | {r['max_ulp']} | "
+                     f"{r['bit_exact']:.4%} | {r['violations']} | {r['golden']} |")
+    return "\n".join(lines), rows
+
+
+def chart(table: Table, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    stages = sorted(table.errors)
+    cols = 3
+    fig, axes = plt.subplots((len(stages) + cols - 1) // cols, cols, figsize=(15, 2.6 * ((len(stages) + 2) // 3)))
+    for ax, stage in zip(axes.flat, stages, strict=False):
+        e = torch.cat(table.errors[stage]).to(torch.float64)
+        top = int(e.max()) if e.numel() else 0
+        bins = numpy.arange(0, min(top, 64) + 2) - 0.5
+        ax.hist(e.clamp(max=min(top, 64)).numpy(), bins=bins, log=True)
+        ax.set_title(f"{stage}: {e.numel()} elements, max {top} ulp", fontsize=8)
+        ax.set_xlabel("error vs correctly rounded reference (ULP)", fontsize=7)
+    for ax in list(axes.flat)[len(stages):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "out" / "verify"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+
+    def progress(msg):
+        print(f"[{time.time() - start:6.1f}s] {msg}", flush=True)
+
+    import dsrope  # noqa: F401  (installs the interpreter's rounding fix before any launch)
+
+    key = golden.platform_key()
+    meta = {"device": key["device"], "torch": torch.__version__, "triton": triton.__version__}
+    table = Table()
+    problems = []
+    try:
+        run_canonical(table, progress)
+        problems += run_goldens(table, progress)
+    except golden.GoldenError as e:
+        problems.append(f"golden files: {e}")
+    text, rows = render(table, meta)
+    for r in rows:
+        if r["violations"]:
+            problems.append(f"{r['kernel']} {r['dtype']} {r['direction']}: {r['violations']} elements outside "
+                            f"the error model; {r['first_violation']}")
+    print(text)
+    (out / "report.md").write_text(f"# dsrope accuracy report\n\n{text}\n")
+    (out / "report.json").write_text(json.dumps({"meta": meta, "rows": rows, "problems": problems}, indent=1))
+    drew = chart(table, out / "errors.png")
+    print(f"wrote {out / 'report.md'}, {out / 'report.json'}" + (f", {out / 'errors.png'}" if drew else ""))
+    print(f"{sum(r['elements'] for r in rows)} elements in {time.time() - start:.0f} s")
+    if problems:
+        for p in problems:
+            print("FAIL:", p)
+        print(f"verify FAILED: {problems[0]}")
+        return 1
+    print("verify passed: no element outside the error model, goldens match")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
