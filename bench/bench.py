@@ -97,6 +97,15 @@ def make_inputs(b, h, s, layout):
 
 
 def time_one(fn, x, cos, sin, direction):
+    try:
+        return _time_one(fn, x, cos, sin, direction)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        print(f"out of memory: {getattr(fn, '__name__', fn)} {direction} {tuple(x.shape)}", flush=True)
+        return float("nan")
+
+
+def _time_one(fn, x, cos, sin, direction):
     if direction == "forward":
         return do_bench(lambda: fn(x, cos, sin), warmup=25, rep=100, return_mode="median")
     g = torch.randn_like(x)

@@ -21,6 +21,8 @@ for phase in "$@"; do
     tests) timeout 560 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 ;;
     tests-n2) timeout 560 python3 -m nox -s gpu-tests -- -n 2 -q -rfE ;;
     sweep) timeout 300 python3 tools/sweep.py ;;
+    snapshot) timeout 300 python3 -m tools.golden --update-snapshot && cp golden/snapshots/nvidia-h200-* "$OUT/" ;;
+    verify) timeout 300 python3 -m tools.verify --out "$OUT/verify" && rm -f "$OUT/verify/report.json" ;;
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
