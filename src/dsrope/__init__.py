@@ -7,6 +7,7 @@ if INTERPRET:
 
     install_interpreter_rounding()
 
+from dsrope import rope_utils  # noqa: E402, F401
 from dsrope.qnorm_rope import qnorm_rope_triton  # noqa: E402
 from dsrope.rope import apply_partial_rope_triton  # noqa: E402
 

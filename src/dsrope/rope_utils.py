@@ -1,0 +1,442 @@
+"""DeepSeek-V3 rope utilities (seed 004): YaRN inverse frequencies, rotation tables, and the two
+pairings of the rope channels.
+
+Pairings (the classic bug is mixing them up; both use the same table and the same angles):
+  apply_rotary_emb             pair j = channels (2j, 2j + 1)   main MLA attention (interleaved)
+  apply_rotary_emb_half_split  pair j = channels (j, j + d/2)   V3.2 DSA indexer (rotate_half)
+Pair j with table entry (c, s) = (cos, sin) of angle j becomes (a*c - b*s, a*s + b*c), in FP32
+with one rounding into x's dtype.
+
+Table formats (the seed leaves them open; ours):
+  complex  `freqs_cis_from_position_ids(..., for_fused_rope=False)`: complex64, one row per TOKEN,
+           [B, S, d/2] (bshd) or [T, d/2] (thd); entry j = exp(i * angle_j(position of the token)).
+  fused    `for_fused_rope=True`: float32 [2, P, d], one row per POSITION p = 0 .. P-1; [0] holds
+           cos, [1] sin; entries j and j + d/2 of a row both hold pair j's value (the kernel reads
+           the first half; the copy in the second half makes it the usual [cos, cos] table).
+angle_j(p) = fl32(fl32(p) * freqs[j]): the FP32 product the published DeepSeek code computes
+(another angle would be another table at large positions); cos and sin of that FP32 angle are
+evaluated in FP64 and rounded once to FP32, so CPU and CUDA build the same table.
+
+Context parallelism (cp_size > 1): a sequence of L tokens is cut into 2*cp_size chunks of
+L/(2*cp_size) tokens and rank r holds chunks r and 2*cp_size-1-r, in that order (the usual load
+balance for causal attention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from dsrope._common import FLOAT_DTYPES, INTERPRET, check_device
+from dsrope.rope import _PartialRoPE
+
+FORMATS = ("bshd", "thd")
+YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
+
+
+# --- argument checks (all raised before any launch) -------------------------------------------
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def _check_real(name: str, value, above: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= above:
+        raise ValueError(f"{name}: expected a finite number > {above}, got {value}")
+    return float(value)
+
+
+def _check_format(name: str, value) -> str:
+    if value not in FORMATS:
+        raise ValueError(f"{name}: expected 'bshd' or 'thd', got {value!r}")
+    return value
+
+
+def _check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_x(name: str, x, ranks: dict[int, str]) -> torch.Tensor:
+    """x: a float tensor of one of `ranks` (rank -> layout words) with an even channel count."""
+    _check_tensor(name, x)
+    if x.dim() not in ranks:
+        expected = " or ".join(f"rank {r} {words}" for r, words in ranks.items())
+        raise ValueError(f"{name}: expected {expected}, got shape {list(x.shape)}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {x.dtype}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"{name}: expected an even channel count, got {x.shape[-1]}")
+    return x
+
+
+def _check_complex_table(freqs_cis, x: torch.Tensor, tokens: tuple[int, ...], qkv_format: str) -> None:
+    """The complex format: complex64 [*tokens, channels/2] on x's device."""
+    _check_tensor("freqs_cis", freqs_cis)
+    if freqs_cis.dtype != torch.complex64:
+        raise TypeError(f"freqs_cis: expected dtype complex64, got {freqs_cis.dtype}")
+    expected = [*tokens, x.shape[-1] // 2]
+    if list(freqs_cis.shape) != expected:
+        words = "[batch, sequence, channels/2]" if qkv_format == "bshd" else "[tokens, channels/2]"
+        raise ValueError(f"freqs_cis: expected shape {words} = {expected}, got {list(freqs_cis.shape)}")
+    if freqs_cis.device != x.device:
+        raise ValueError(f"freqs_cis: expected a tensor on x's device {x.device}, got {freqs_cis.device}")
+
+
+# --- frequencies ---------------------------------------------------------------------------------
+
+
+def yarn_get_mscale(scale=1, mscale=1) -> float:
+    """YaRN's attention scale: 0.1 * mscale * ln(scale) + 1 when scale > 1, else 1."""
+    scale = _check_real("scale", scale, 0.0)
+    mscale = _check_real("mscale", mscale, float("-inf"))
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_parameters(rope_scaling):
+    """(factor, beta_fast, beta_slow, original) when rope_scaling carries all four keys, else None."""
+    if rope_scaling is None:
+        return None
+    if not isinstance(rope_scaling, Mapping):
+        raise TypeError(f"rope_scaling: expected a dict or None, got {type(rope_scaling).__name__}")
+    if not all(key in rope_scaling for key in YARN_KEYS):
+        return None
+    factor = _check_real("rope_scaling['factor']", rope_scaling["factor"], 0.0)
+    beta_fast = _check_real("rope_scaling['beta_fast']", rope_scaling["beta_fast"], 0.0)
+    beta_slow = _check_real("rope_scaling['beta_slow']", rope_scaling["beta_slow"], 0.0)
+    if beta_fast < beta_slow:
+        raise ValueError(f"rope_scaling['beta_fast']: expected >= beta_slow ({beta_slow}), got {beta_fast}")
+    original = _check_int(
+        "rope_scaling['original_max_position_embeddings']",
+        rope_scaling["original_max_position_embeddings"],
+        1,
+    )
+    return factor, beta_fast, beta_slow, original
+
+
+def _correction_dim(rotations: float, dim: int, theta: float, positions: int) -> float:
+    """The (fractional) channel index whose frequency turns `rotations` times over `positions`."""
+    return dim * math.log(positions / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+
+def precompute_freqs_cis(
+    qk_rope_head_dim: int, max_seq_len: int, rope_theta: float, rope_scaling: dict | None
+) -> torch.Tensor:
+    """FP32 inverse frequencies [qk_rope_head_dim / 2] (CPU): freqs[j] = rope_theta ** (-2j / d).
+
+    YaRN: when rope_scaling carries factor, beta_fast, beta_slow and
+    original_max_position_embeddings, and max_seq_len exceeds the original length, channels
+    below the beta_fast correction dim keep their frequency, channels above the beta_slow one
+    are divided by factor, and a linear ramp blends the two in between. Any other rope_scaling
+    (None, or lacking one of the keys) gives the plain frequencies. The attention scale
+    (yarn_get_mscale) is not folded into the table.
+
+    Computed in FP64 and rounded once to FP32: each entry is within (2**-24 + 2**-40) relative
+    of the exact value (tests/test_rope_utils.py checks it against mpmath).
+    """
+    dim = _check_int("qk_rope_head_dim", qk_rope_head_dim, 2)
+    if dim % 2:
+        raise ValueError(f"qk_rope_head_dim: expected an even int, got {dim}")
+    _check_int("max_seq_len", max_seq_len, 1)
+    theta = _check_real("rope_theta", rope_theta, 1.0)
+    yarn = _yarn_parameters(rope_scaling)
+
+    j = torch.arange(dim // 2, dtype=torch.float64)
+    freqs = theta ** (-2 * j / dim)
+    if yarn is not None and max_seq_len > yarn[3]:
+        factor, beta_fast, beta_slow, original = yarn
+        low = max(math.floor(_correction_dim(beta_fast, dim, theta, original)), 0)
+        high = min(math.ceil(_correction_dim(beta_slow, dim, theta, original)), dim - 1)
+        if low == high:
+            high += 0.001  # the published ramp: never a zero-width ramp
+        ramp = ((j - low) / (high - low)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
+        freqs = freqs / factor * ramp + freqs * (1 - ramp)
+    return freqs.to(torch.float32)
+
+
+def _cos_sin(positions: torch.Tensor, freqs: torch.Tensor):
+    """FP32 cos, sin [*positions.shape, d/2] of the FP32 angles fl32(fl32(p) * freqs[j])."""
+    # Broadcast multiply, not einsum/matmul: a matmul may run in TF32 on CUDA and truncate the angle.
+    angle = positions.to(torch.float32)[..., None] * freqs
+    angle = angle.to(torch.float64)
+    return torch.cos(angle).to(torch.float32), torch.sin(angle).to(torch.float32)
+
+
+@torch.no_grad()
+def freqs_cis_from_position_ids(
+    position_ids: torch.Tensor,
+    freqs: torch.Tensor,
+    qkv_format: str = "bshd",
+    for_fused_rope: bool = False,
+    cp_size: int = 1,
+) -> torch.Tensor:
+    """The rotation table for position_ids (integer [B, S] for bshd, [T] for thd), on their device.
+
+    for_fused_rope=False: the complex format, complex64 [B, S, d/2] or [T, d/2], one row per token
+      at the position it is given (any positions: packed sequences, left padding, a cp shard).
+    for_fused_rope=True: the fused format, float32 [2, P, d], one row per position 0 .. P-1 with
+      P = position_ids.shape[-1] * cp_size, the global length of the sequence (bshd) or packed
+      batch (thd) this rank's shard belongs to. Only the shape of position_ids is used: the fused
+      path of apply_rotary_emb_qk finds each token's position from its place (bshd: its index;
+      thd: its offset in its cu_seqlens sequence; both through the context-parallel split).
+    freqs: FP32 [d/2] from precompute_freqs_cis (moved to position_ids' device).
+    Positions beyond 2**24 are rounded to FP32 before the product, as FP32 tables always did.
+    """
+    _check_format("qkv_format", qkv_format)
+    rank = 2 if qkv_format == "bshd" else 1
+    _check_tensor("position_ids", position_ids)
+    if position_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"position_ids: expected dtype int32 or int64, got {position_ids.dtype}")
+    if position_ids.dim() != rank:
+        words = "[batch, sequence]" if rank == 2 else "[tokens]"
+        raise ValueError(
+            f"position_ids: expected rank {rank} {words} for {qkv_format}, got shape {list(position_ids.shape)}"
+        )
+    _check_tensor("freqs", freqs)
+    if freqs.dtype != torch.float32 or freqs.dim() != 1:
+        raise TypeError(f"freqs: expected a float32 [d/2] tensor, got {freqs.dtype} {list(freqs.shape)}")
+    if not isinstance(for_fused_rope, bool):
+        raise TypeError(f"for_fused_rope: expected a bool, got {type(for_fused_rope).__name__}")
+    _check_int("cp_size", cp_size, 1)
+    freqs = freqs.to(position_ids.device)
+
+    if for_fused_rope:
+        positions = torch.arange(position_ids.shape[-1] * cp_size, device=position_ids.device)
+        cos, sin = _cos_sin(positions, freqs)
+        return torch.stack((torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)))
+    cos, sin = _cos_sin(position_ids, freqs)
+    return torch.complex(cos, sin)
+
+
+# --- rotations -------------------------------------------------------------------------------------
+
+
+def _runs_kernel(x: torch.Tensor, table: torch.Tensor) -> bool:
+    """A cached table (no grad) on a device the Triton kernel runs on."""
+    on_kernel_device = x.device.type == "cuda" or (x.device.type == "cpu" and INTERPRET)
+    return on_kernel_device and not table.requires_grad
+
+
+def _kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved rotation of all channels of x [B, S, H, d] by the kernel; cos, sin FP32 [B, S, d].
+
+    The kernel takes [B, H, S, d] with any strides and returns token-major storage, so the
+    transposes are views and the result is a contiguous [B, S, H, d].
+    """
+    return _PartialRoPE.apply(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
+
+
+def _interleaved(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x [B, S, H, d] rotated by the complex table [B, S, d/2], pairs (2j, 2j+1)."""
+    if _runs_kernel(x, table):
+        cos, sin = table.real, table.imag
+        return _kernel(x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+    # Eager FP32 complex product: autograd reaches a trainable table.
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2).contiguous())
+    rotated = pairs * table[:, :, None, :]
+    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
+
+
+def _to_bshd(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
+    return x if qkv_format == "bshd" else x.unsqueeze(0)
+
+
+def apply_rotary_emb(
+    x: torch.Tensor, freqs_cis: torch.Tensor, qkv_format: str = "bshd", unsqueeze_dim: int | None = None
+) -> torch.Tensor:
+    """Rotate adjacent channel pairs (2j, 2j+1) of x by the complex table (FP32 math, x's dtype out).
+
+    x: [B, S, H, d] (bshd) or [T, H, d] (thd); a shared key without a head dim, [B, S, d] or
+    [T, d], needs unsqueeze_dim=2 (or -2): the head dim inserted after thd gains its batch dim.
+    freqs_cis: complex64 [B, S, d/2] or [T, d/2] (the complex format, one row per token).
+    A table without grad on CUDA (or on CPU with TRITON_INTERPRET=1) goes through the Triton
+    kernel; a trainable table (requires_grad) goes through the eager FP32 complex product, so
+    autograd reaches it. Returns x's shape and dtype (contiguous).
+    """
+    _check_format("qkv_format", qkv_format)
+    if unsqueeze_dim is not None and (isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (2, -2)):
+        raise ValueError(
+            f"unsqueeze_dim: expected None or 2 (-2), the head dim of [batch, sequence, heads, channels], "
+            f"got {unsqueeze_dim!r}"
+        )
+    if qkv_format == "bshd":
+        ranks = (
+            {3: "[batch, sequence, channels]"}
+            if unsqueeze_dim is not None
+            else {4: "[batch, sequence, heads, channels]"}
+        )
+    else:
+        ranks = {2: "[tokens, channels]"} if unsqueeze_dim is not None else {3: "[tokens, heads, channels]"}
+    _check_x("x", x, ranks)
+    tokens = x.shape[:2] if qkv_format == "bshd" else x.shape[:1]
+    _check_complex_table(freqs_cis, x, tokens, qkv_format)
+
+    x4 = _to_bshd(x, qkv_format)
+    if unsqueeze_dim is not None:
+        x4 = x4.unsqueeze(2)
+    return _interleaved(x4, _to_bshd(freqs_cis, qkv_format)).reshape(x.shape)
+
+
+def apply_rotary_emb_half_split(x: torch.Tensor, freqs_cis: torch.Tensor, qkv_format: str = "bshd") -> torch.Tensor:
+    """Rotate pairs (j, j + d/2) of x (rotate_half layout) by the complex table, FP32 math, x's dtype out.
+
+    x: [B, S, H, d] or [B, S, d] (bshd), [T, H, d] or [T, d] (thd). freqs_cis: the same complex64
+    table as apply_rotary_emb, [B, S, d/2] or [T, d/2]: pair j turns by the same angle in both
+    pairings. Eager (autograd reaches x and a trainable table). Returns x's shape and dtype.
+    """
+    _check_format("qkv_format", qkv_format)
+    if qkv_format == "bshd":
+        ranks = {4: "[batch, sequence, heads, channels]", 3: "[batch, sequence, channels]"}
+    else:
+        ranks = {3: "[tokens, heads, channels]", 2: "[tokens, channels]"}
+    _check_x("x", x, ranks)
+    tokens = x.shape[:2] if qkv_format == "bshd" else x.shape[:1]
+    _check_complex_table(freqs_cis, x, tokens, qkv_format)
+
+    has_heads = x.dim() == len(tokens) + 2
+    cos, sin = freqs_cis.real, freqs_cis.imag
+    if has_heads:
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    half = x.shape[-1] // 2
+    xf = x.float()
+    a, b = xf[..., :half], xf[..., half:]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), -1).to(x.dtype)
+
+
+# --- q and k together ------------------------------------------------------------------------------
+
+
+def _shard_positions(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Positions, inside a sequence of `length` tokens, of the tokens rank cp_rank holds, in order."""
+    if cp_size == 1:
+        return torch.arange(length)
+    chunk = length // (2 * cp_size)
+    mirror = 2 * cp_size - 1 - cp_rank
+    return torch.cat(
+        (
+            torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk),
+            torch.arange(mirror * chunk, (mirror + 1) * chunk),
+        )
+    )
+
+
+def _sequence_lengths(cu_seqlens, q: torch.Tensor, format: str, cp_size: int) -> list[int]:
+    """Global lengths of the sequences the local tokens belong to (one sequence without cu_seqlens)."""
+    local = q.shape[1] if format == "bshd" else q.shape[0]
+    if cu_seqlens is None:
+        lengths = [local * cp_size]
+    else:
+        if format != "thd":
+            raise ValueError("cu_seqlens: expected None for format 'bshd' (packed sequences are thd)")
+        _check_tensor("cu_seqlens", cu_seqlens)
+        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ValueError(
+                f"cu_seqlens: expected an int32/int64 [sequences + 1] tensor, got {cu_seqlens.dtype} "
+                f"{list(cu_seqlens.shape)}"
+            )
+        bounds = cu_seqlens.tolist()
+        lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+        if bounds[0] != 0 or min(lengths) < 0:
+            raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0, got {bounds}")
+        if bounds[-1] != local * cp_size:
+            raise ValueError(
+                f"cu_seqlens: expected the global token count q.shape[0] * cp_size = {local * cp_size} "
+                f"as last offset, got {bounds[-1]}"
+            )
+    if cp_size > 1 and any(n % (2 * cp_size) for n in lengths):
+        raise ValueError(
+            f"cp_size: expected every sequence length divisible by 2 * cp_size = {2 * cp_size}, got lengths {lengths}"
+        )
+    return lengths
+
+
+def _check_qk(q, k, format: str) -> None:
+    rank, words = (4, "[batch, sequence, heads, channels]") if format == "bshd" else (3, "[tokens, heads, channels]")
+    _check_x("q", q, {rank: words})
+    _check_x("k", k, {rank: words})
+    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k: expected q's tokens and channels {list(q.shape[:-2])}, {q.shape[-1]}, got {list(k.shape)}"
+        )
+    if k.device != q.device:
+        raise ValueError(f"k: expected a tensor on q's device {q.device}, got {k.device}")
+
+
+def _fused_tables(freqs_cis, q: torch.Tensor, format: str, lengths: list[int], cp_size: int, cp_rank: int):
+    """FP32 cos, sin [B, S, d] (thd: B = 1) for the kernel, rows picked from the fused table."""
+    _check_tensor("freqs_cis", freqs_cis)
+    d = q.shape[-1]
+    if freqs_cis.dtype != torch.float32:
+        raise TypeError(
+            f"freqs_cis: expected the fused table (float32 [2, positions, channels], from "
+            f"freqs_cis_from_position_ids(..., for_fused_rope=True)) for rope_fusion=True, "
+            f"got {freqs_cis.dtype}"
+        )
+    longest = max(lengths)
+    if freqs_cis.dim() != 3 or freqs_cis.shape[0] != 2 or freqs_cis.shape[2] != d or freqs_cis.shape[1] < longest:
+        raise ValueError(
+            f"freqs_cis: expected the fused shape [2, positions >= {longest}, {d}], got {list(freqs_cis.shape)}"
+        )
+    if freqs_cis.requires_grad:
+        raise ValueError("freqs_cis: expected a fixed table (requires_grad=False) for rope_fusion=True")
+    if freqs_cis.device != q.device:
+        raise ValueError(f"freqs_cis: expected a tensor on q's device {q.device}, got {freqs_cis.device}")
+    batch, tokens = (q.shape[0], q.shape[1]) if format == "bshd" else (1, q.shape[0])
+    if cp_size == 1 and len(lengths) == 1:
+        table = freqs_cis[:, :tokens]  # positions are the token indices: a view
+    else:
+        rows = torch.cat([_shard_positions(n, cp_size, cp_rank) for n in lengths]).to(q.device)
+        table = freqs_cis.index_select(1, rows)
+    return table[0][None].expand(batch, tokens, d), table[1][None].expand(batch, tokens, d)
+
+
+def apply_rotary_emb_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    freqs_cis: torch.Tensor,
+    format: str = "bshd",
+    rope_fusion: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Interleaved rotation of q and k ([B, S, H, d] bshd or [T, H, d] thd; k may have other heads).
+
+    rope_fusion=True: the Triton kernel with the fused table (float32 [2, P, d] from
+      freqs_cis_from_position_ids(..., for_fused_rope=True)); each token's position is its place:
+      bshd its index in the sequence, thd its offset inside its sequence of cu_seqlens (positions
+      restart at every sequence; without cu_seqlens the tokens are one sequence). With cp_size > 1
+      the local tokens are rank cp_rank's two chunks of each sequence (module docstring), and
+      cu_seqlens holds the global offsets (last = q.shape[0] * cp_size).
+    rope_fusion=False: apply_rotary_emb on q and k with the complex table, one row per local
+      token; the rows already carry the positions, so cu_seqlens and cp are checked, not used.
+    The two give the same result when the complex rows hold the positions the fused path derives.
+    """
+    _check_format("format", format)
+    if not isinstance(rope_fusion, bool):
+        raise TypeError(f"rope_fusion: expected a bool, got {type(rope_fusion).__name__}")
+    _check_qk(q, k, format)
+    _check_int("cp_size", cp_size, 1)
+    _check_int("cp_rank", cp_rank, 0)
+    if cp_rank >= cp_size:
+        raise ValueError(f"cp_rank: expected an int < cp_size ({cp_size}), got {cp_rank}")
+    lengths = _sequence_lengths(cu_seqlens, q, format, cp_size)
+    if not rope_fusion:
+        return apply_rotary_emb(q, freqs_cis, format), apply_rotary_emb(k, freqs_cis, format)
+
+    check_device("q", q)
+    cos, sin = _fused_tables(freqs_cis, q, format, lengths, cp_size, cp_rank)
+    q4, k4 = _to_bshd(q, format), _to_bshd(k, format)
+    return _kernel(q4, cos, sin).reshape(q.shape), _kernel(k4, cos, sin).reshape(k.shape)
