@@ -316,6 +316,20 @@ def test_strided_inputs(name):
     assert_within(ref.half_split(x, table).judge(apply_rotary_emb_half_split(x, table)), f"{name} {layout_of(x)}")
 
 
+@pytest.mark.parametrize("trainable", [False, True], ids=["kernel", "eager"])
+def test_nan_stays_in_its_pair(trainable):
+    """A NaN turns both channels of its own pair into NaN and nothing else, in each pairing."""
+    x = x_values((1, 3, 2, 8), torch.float32, seed=30)
+    x[0, 1, 0, 2] = float("nan")
+    table = rotation_table((1, 3), 8, seed=31, trainable=trainable)
+    interleaved = torch.zeros(x.shape, dtype=torch.bool)
+    interleaved[0, 1, 0, 2:4] = True  # pair 1 = channels (2, 3)
+    half_split = torch.zeros(x.shape, dtype=torch.bool)
+    half_split[0, 1, 0, [2, 6]] = True  # pair 2 = channels (2, 6)
+    assert torch.equal(torch.isnan(apply_rotary_emb(x, table)).cpu(), interleaved)
+    assert torch.equal(torch.isnan(apply_rotary_emb_half_split(x, table)).cpu(), half_split)
+
+
 def test_empty_inputs():
     for shape in ((0, 3, 2, 8), (2, 0, 2, 8), (2, 3, 0, 8)):
         x = torch.empty(shape, dtype=torch.bfloat16, device=DEVICE)

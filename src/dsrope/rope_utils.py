@@ -423,6 +423,7 @@ def apply_rotary_emb_qk(
     rope_fusion=False: apply_rotary_emb on q and k with the complex table, one row per local
       token; the rows already carry the positions, so cu_seqlens and cp are checked, not used.
     The two give the same result when the complex rows hold the positions the fused path derives.
+    cu_seqlens is read on the host (one device sync) to check it and to pick the table rows.
     """
     _check_format("format", format)
     if not isinstance(rope_fusion, bool):
