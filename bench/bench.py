@@ -8,7 +8,7 @@ written once), GB/s, the fraction of the device-to-device copy bandwidth measure
 and the speedup over eager and over torch.compile (same run). Writes a CSV, a markdown table and
 a PNG chart.
 
-    python bench/bench.py --out out/bench            # everything (backward = fwd+bwd - fwd)
+    python bench/bench.py --out out/bench            # everything
     python bench/bench.py --quick                    # one shape, for a smoke run
 """
 
@@ -48,6 +48,14 @@ def eager_qnorm_rope(x, cos, sin):
 def eager_partial_rope(x, cos, sin):
     return eager_rotate(x, cos, sin)
 
+
+# Shapes, layouts and requires_grad vary across the run: allow the recompiles (the default limit
+# of 8 silently falls back to eager). Buffer donation off so a backward can be timed on its own
+# with retain_graph; it does not change the generated kernels.
+for _name in ("recompile_limit", "cache_size_limit"):
+    if hasattr(torch._dynamo.config, _name):
+        setattr(torch._dynamo.config, _name, 256)
+torch._functorch.config.donated_buffer = False
 
 compiled = {
     "qnorm_rope": torch.compile(eager_qnorm_rope, dynamic=True),
@@ -109,6 +117,11 @@ def _time_one(fn, x, cos, sin, direction):
     if direction == "forward":
         return do_bench(lambda: fn(x, cos, sin), warmup=25, rep=100, return_mode="median")
     g = torch.randn_like(x)
+    if direction == "backward":
+        xg = x.detach().requires_grad_()
+        out = fn(xg, cos, sin)
+        return do_bench(lambda: torch.autograd.grad(out, xg, g, retain_graph=True), warmup=25, rep=100,
+                        return_mode="median")
 
     def both():
         xi = x.detach().requires_grad_()
@@ -137,15 +150,8 @@ def main():
         for layout in ("token_major", "head_major"):
             x, cos, sin = make_inputs(b, h, s, layout)
             for kernel in ("qnorm_rope", "partial_rope"):
-                times = {}
-                for i in impls:
-                    # backward = (forward+backward) - forward for every implementation alike: a fresh
-                    # graph per call (torch.compile donates its backward buffers: no retain_graph)
-                    fwd = time_one(IMPLS[kernel][i], x, cos, sin, "forward")
-                    both = time_one(IMPLS[kernel][i], x, cos, sin, "forward+backward")
-                    times[i] = {"forward": fwd, "forward+backward": both, "backward": both - fwd}
                 for direction in ("forward", "backward", "forward+backward"):
-                    ms = {i: times[i][direction] for i in impls}
+                    ms = {i: time_one(IMPLS[kernel][i], x, cos, sin, direction) for i in impls}
                     nbytes = bytes_moved(kernel, direction, b, h, s)
                     gbs = nbytes / (ms["triton"] * 1e-3) / 1e9
                     row = dict(kernel=kernel, direction=direction, B=b, H=h, S=s, layout=layout,
