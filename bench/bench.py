@@ -89,7 +89,6 @@ def copy_bandwidth():
     x = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda").normal_()  # 4 GiB, far above L2
     y = torch.empty_like(x)
     ms = do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
-    del x, y
     return 2 * (1 << 31) * 2 / (ms * 1e-3)
 
 

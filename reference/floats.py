@@ -146,7 +146,10 @@ def judge(out: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tens
     first = ""
     if len(bad):
         i = tuple(bad[0].tolist())
-        first = f"first at index {list(i)}: kernel {out64[i].item()!r}, allowed [{lo[i].item()!r}, {hi[i].item()!r}], ref {ref[i].item()!r}"
+        first = (
+            f"first at index {list(i)}: kernel {out64[i].item()!r}, "
+            f"allowed [{lo[i].item()!r}, {hi[i].item()!r}], ref {ref[i].item()!r}"
+        )
     return Check(
         checked=ref.numel(),
         violations=int((~ok).sum()),

@@ -40,7 +40,7 @@ import mpmath
 import torch
 
 from reference.floats import U32, fmt, judge, round_nearest
-from reference.rope import Model, interleave, partial_rope, rotation_interval, tables, two_sum, round_nearest_exact
+from reference.rope import Model, interleave, partial_rope, rotation_interval, round_nearest_exact, tables, two_sum
 
 RSQRT_REL = 2.0**-22
 TINY = 2.0**-126
@@ -301,9 +301,10 @@ def certify_backward(x, grad, cos, sin, rotary, eps):
                         g[d - rotary + 2 * k + 1] = mpmath.mpf(mp_round(-ga * sn + gb * c, dtype))
                     r = 1 / mpmath.sqrt(mpmath.fsum(v * v for v in row) / d + mpmath.mpf(eps))
                     xhat = [v * r for v in row]
-                    m = mpmath.fsum(a * b for a, b in zip(g, xhat)) / d
+                    m = mpmath.fsum(a * b for a, b in zip(g, xhat, strict=True)) / d
                     gd_all[i, j, t] = torch.tensor([float(v) for v in g], dtype=torch.float64)
-                    dx[i, j, t] = torch.tensor([mp_round(r * (gv - xv * m), dtype) for gv, xv in zip(g, xhat)])
+                    rounded = [mp_round(r * (gv - xv * m), dtype) for gv, xv in zip(g, xhat, strict=True)]
+                    dx[i, j, t] = torch.tensor(rounded)
     return gd_all, dx
 
 

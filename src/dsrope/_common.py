@@ -97,8 +97,8 @@ def _fp32_to_bf16_rne(values: np.ndarray) -> np.ndarray:
 
 def install_interpreter_rounding() -> bool:
     """Make the interpreter's fp32 -> bf16 conversion round to nearest even. Idempotent."""
-    from triton.runtime import interpreter
     import triton.language as tl
+    from triton.runtime import interpreter
 
     if getattr(interpreter._convert_float, "_dsrope_rne", False):
         return True
