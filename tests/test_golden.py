@@ -5,7 +5,8 @@
   naming the file.
 - The reference reproduces the stored reference outputs bit for bit from the stored inputs.
 - The kernels, run on the stored inputs in the stored layouts, lie within the stored error-model
-  intervals (reference/*.py docstrings); in bf16 >= 99% of out/dx elements equal ref bit for bit.
+  intervals (reference/*.py docstrings); in bf16 >= 99% of out/dx elements equal ref bit for bit
+  (on the randn cases); each V3 pairing's output lies outside the other pairing's model.
 - Where golden/snapshots/ holds a snapshot for this platform (device name or "interpreter", and
   the triton version), the kernel outputs must equal it bit for bit.
   Record one: `python -m tools.golden --update-snapshot` (on CPU: `nox -s golden -- --update-snapshot`).
@@ -71,8 +72,7 @@ def test_reference_reproduces_stored_outputs(manifest, name):
     assert sorted(fresh) == sorted(tensors), f"case {name}: the reference gives other stages than stored"
     outputs = [k for k in tensors if not k.startswith("input.")]
     same = all(
-        golden.tensor_bytes(fresh[k]) == golden.tensor_bytes(tensors[k])
-        and fresh[k].dtype == tensors[k].dtype
+        golden.tensor_bytes(fresh[k]) == golden.tensor_bytes(tensors[k]) and fresh[k].dtype == tensors[k].dtype
         for k in outputs
     )
     if not same:
@@ -104,10 +104,28 @@ def test_kernels_within_stored_model(manifest, name, request):
         check = judge(out, model["ref"], model["lo"], model["hi"])
         if check.violations:
             problems.append(f"{stage}: {check}")
-        exact_rule = record["dtype"] == "bfloat16" and not stage.endswith(".rstd")
+        # The 99% rule is for ordinary data: edge inputs (subnormal, tiny) sit near rounding ties of
+        # x * rstd, where an FP32 rstd 1 ulp from the exact one legitimately flips the rounding.
+        exact_rule = record["dtype"] == "bfloat16" and record["values"] == "randn" and not stage.endswith(".rstd")
         if exact_rule and check.exact_fraction < 0.99:
             problems.append(f"{stage}: bf16 bit-exact fraction below 99%: {check}")
     assert not problems, f"case {name}:\n" + "\n".join(problems)
+
+
+V3_NAMES = [c.name for c in golden.CASES if c.qkv_format]
+OTHER_PAIRING = {"v3_interleaved": "v3_half_split", "v3_half_split": "v3_interleaved"}
+
+
+@pytest.mark.parametrize("name", V3_NAMES)
+def test_v3_kernels_fall_outside_the_other_pairing(manifest, name):
+    """Each V3 function's output, on the input both are stored for, lies outside the other pairing's
+    model on at least 90% of the elements (measured: >= 99.6%): the goldens tell the pairings apart."""
+    _, tensors = stored(name)
+    for stage, out in kernel_outputs(name).items():
+        kernel, output = stage.split(".")
+        other = golden.decode_stage(f"{OTHER_PAIRING[kernel]}.{output}", tensors)
+        check = judge(out, other["ref"], other["lo"], other["hi"])
+        assert check.violations >= 0.9 * check.checked, f"{stage} vs the other pairing: {check}"
 
 
 @cache
@@ -121,9 +139,7 @@ def test_kernel_bits_match_platform_snapshot(manifest, name):
     key = golden.platform_key()
     snapshot = platform_snapshot()
     if snapshot is None:
-        pytest.skip(
-            f"no kernel snapshot for {key}: record one with `python -m tools.golden --update-snapshot`"
-        )
+        pytest.skip(f"no kernel snapshot for {key}: record one with `python -m tools.golden --update-snapshot`")
     meta, bits = snapshot
     _, tensors = stored(name)
     assert name in meta["inputs"], f"snapshot {meta['file']} has no case {name}: re-record it"
@@ -198,9 +214,7 @@ def test_interval_encoding_round_trips():
     lo = torch.tensor(
         [1.0 - 2**-8, -0.0, -(2.0**-133), float("nan"), float("inf"), -(2.0**-132), 2.0], dtype=torch.float64
     )
-    hi = torch.tensor(
-        [1.0 + 2**-7, 0.0, 2.0**-133, float("nan"), float("inf"), 0.0, 4.0], dtype=torch.float64
-    )
+    hi = torch.tensor([1.0 + 2**-7, 0.0, 2.0**-133, float("nan"), float("inf"), 0.0, 4.0], dtype=torch.float64)
     enc = golden.encode_stage("s", Model(ref, lo, hi), torch.bfloat16, with_interval=True)
     assert "s.lo_steps" in enc and enc["s.lo_steps"].dtype == torch.int8
     dec = golden.decode_stage("s", enc)

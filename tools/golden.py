@@ -80,70 +80,123 @@ def _layouts():
         sum_gradient=Layout(broadcast=(0, 1, 2, 3)),  # the upstream gradient of out.sum()
         batch_broadcast=Layout(broadcast=(0,)),  # cos/sin expanded over the batch: stride 0
         table_padded=Layout(order=(2, 0, 1), pad=(3, 1, 2), offset=11),
+        v3_seq_major=Layout(order=(1, 0, 2, 3)),
+        thd_head_major=Layout(order=(1, 0, 2)),  # [T, H, d] view of a contiguous [H, T, d]
+        thd_stepped=Layout(step=(1, 2, 1), offset=3),
+        bsd_seq_major=Layout(order=(1, 0, 2)),
     )
 
 
 @dataclass(frozen=True)
 class Case:
-    """One input set (x [B, H, S, D], upstream gradient, cos/sin [B, S, R]) and the kernels run on it."""
+    """One input set (x, an upstream gradient, cos/sin tables) and the kernels run on it.
+
+    DeepSeek-V4 cases (qkv_format ""): x [B, H, S, D], cos/sin FP32 [B, S, R], kernels qnorm_rope and
+    partial_rope. DeepSeek-V3 cases (qkv_format "bshd" or "thd"): x [B, S, H, d] or [T, H, d] (without
+    H with unsqueeze_dim=2: a shared key), cos/sin FP32 [*tokens, d/2] (the complex table's real and
+    imaginary parts), kernels v3_interleaved (apply_rotary_emb) and v3_half_split on the same input.
+    """
 
     name: str
     seed: int
     dtype: str
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, ...]
     rotary: int
-    eps: float
+    eps: float = 0.0
     values: str = "randn"  # randn | zero_rows | tiny | subnormal | huge | nan  (see make_inputs)
     x_layout: str = "token_major"
     grad_layout: str = "token_major"
     table_layout: str = "batch_broadcast"
     kernels: tuple[str, ...] = ("qnorm_rope", "partial_rope")
+    qkv_format: str = ""
+    unsqueeze_dim: int | None = None
+
+
+V3 = ("v3_interleaved", "v3_half_split")
 
 
 def build_cases() -> list[Case]:
     cases = []
+    edge = (2, 2, 3, 512)  # edge values on the DSV4 head geometry, few rows, non-production layouts
     for i, dtype in enumerate(DTYPES):
         short = SHORT[dtype]
         # DeepSeek-V4 heads: D=512, R=64; Flash 64 heads, Pro 128 heads; production layouts.
-        cases.append(Case(f"flash-{short}", 100 + i, dtype, (1, 64, 2, 512), 64, 1e-6))
-        cases.append(
-            Case(f"pro-{short}", 110 + i, dtype, (1, 128, 1, 512), 64, 1e-6, grad_layout="contiguous")
-        )
-        # Edge values on the same head geometry, few rows, each in a non-production layout.
-        edge = (2, 2, 3, 512)
-        cases.append(
+        v4 = dict(dtype=dtype, rotary=64, eps=1e-6)
+        cases += [
+            Case(f"flash-{short}", 100 + i, shape=(1, 64, 2, 512), **v4),
+            Case(f"pro-{short}", 110 + i, shape=(1, 128, 1, 512), grad_layout="contiguous", **v4),
             Case(
                 f"zero-rows-{short}",
                 120 + i,
-                dtype,
-                edge,
-                64,
-                1e-6,
-                "zero_rows",
-                "padded",
-                "stepped",
-                "contiguous",
-            )
-        )
-        cases.append(Case(f"tiny-{short}", 130 + i, dtype, edge, 64, 1e-6, "tiny", "stepped", "token_major"))
-        cases.append(
+                shape=edge,
+                values="zero_rows",
+                x_layout="padded",
+                grad_layout="stepped",
+                table_layout="contiguous",
+                **v4,
+            ),
+            Case(f"tiny-{short}", 130 + i, shape=edge, values="tiny", x_layout="stepped", **v4),
             Case(
                 f"huge-{short}",
                 140 + i,
+                shape=edge,
+                values="huge",
+                x_layout="channel_outer",
+                grad_layout="sum_gradient",
+                table_layout="table_padded",
+                **v4,
+            ),
+            Case(
+                f"nan-{short}",
+                150 + i,
+                shape=edge,
+                values="nan",
+                x_layout="offset",
+                grad_layout="stepped_channels_offset",
+                **(v4 | dict(eps=1e-1)),
+            ),
+            # DeepSeek-V3 rope slice: d = 64, both pairings on the same input and table.
+            Case(
+                f"v3-bshd-{short}",
+                200 + i,
                 dtype,
-                edge,
+                (2, 4, 16, 64),
                 64,
-                1e-6,
-                "huge",
-                "channel_outer",
-                "sum_gradient",
-                "table_padded",
-            )
-        )
-        cases.append(
-            Case(f"nan-{short}", 150 + i, dtype, edge, 64, 1e-1, "nan", "offset", "stepped_channels_offset")
-        )
-    cases.append(Case("subnormal-bf16", 160, "bfloat16", (2, 2, 3, 512), 64, 1e-6, "subnormal"))
+                x_layout="contiguous",
+                grad_layout="contiguous",
+                table_layout="contiguous",
+                kernels=V3,
+                qkv_format="bshd",
+            ),
+        ]
+    cases += [
+        Case("subnormal-bf16", 160, "bfloat16", edge, 64, 1e-6, "subnormal"),
+        Case(
+            "v3-thd-bf16",
+            210,
+            "bfloat16",
+            (12, 16, 64),
+            64,
+            x_layout="thd_head_major",
+            grad_layout="thd_stepped",
+            table_layout="contiguous",
+            kernels=V3,
+            qkv_format="thd",
+        ),
+        Case(
+            "v3-shared-key-bf16",
+            220,
+            "bfloat16",
+            (2, 4, 64),
+            64,
+            x_layout="bsd_seq_major",
+            grad_layout="contiguous",
+            table_layout="contiguous",
+            kernels=V3,
+            qkv_format="bshd",
+            unsqueeze_dim=2,
+        ),
+    ]
     return cases
 
 
@@ -186,7 +239,8 @@ def case_record(case: Case, inputs: dict[str, torch.Tensor]) -> dict:
 # --- inputs --------------------------------------------------------------------------------------
 
 # tiny: FP32 squares underflow; fp16 and fp32 inputs partly subnormal. bf16 subnormal inputs are the
-# separate case subnormal-bf16 (Triton's interpreter converts them to FP32 wrongly: see tests).
+# separate case subnormal-bf16 (Triton 3.9's interpreter widened them to FP32 wrongly until the patch
+# in dsrope._common; compiled kernels widen them exactly).
 TINY = {"bfloat16": 2.0**-100, "float16": 2.0**-20, "float32": 2.0**-120, "subnormal": 2.0**-130}
 HUGE = {"bfloat16": 2.0**40, "float16": 2.0**13, "float32": 2.0**40}
 
@@ -204,13 +258,27 @@ def make_tables(batch: int, seq: int, rotary: int, g: torch.Generator, per_batch
     return cos, sin
 
 
+def v3_tokens(case: Case) -> tuple[int, ...]:
+    return case.shape[:2] if case.qkv_format == "bshd" else case.shape[:1]
+
+
+def make_v3_tables(tokens: tuple[int, ...], half: int, g: torch.Generator):
+    """cos, sin FP32 [*tokens, d/2] of a DeepSeek-V3 complex table (theta 10000, positions < 2**16)."""
+    inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / (2 * half))
+    ang = torch.randint(0, 1 << 16, tokens, generator=g).double()[..., None] * inv
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
 def make_inputs(case: Case) -> dict[str, torch.Tensor]:
     """Logical (contiguous) inputs of a case, from its seed alone."""
     g = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[case.dtype]
-    b, h, s, d = case.shape
     x = torch.randn(case.shape, generator=g, dtype=torch.float64)
     grad = torch.randn(case.shape, generator=g, dtype=torch.float64)
+    if case.qkv_format:
+        cos, sin = make_v3_tables(v3_tokens(case), case.shape[-1] // 2, g)
+        return {"x": x.to(dtype), "grad": grad.to(dtype), "cos": cos, "sin": sin}
+    b, h, s, d = case.shape
     rotary = case.rotary
     if case.values == "zero_rows":
         x[0, 0] = 0  # every token of one head
@@ -265,8 +333,12 @@ def laid_out_inputs(record: dict, inputs: dict[str, torch.Tensor], device) -> di
 # --- reference stages -------------------------------------------------------------------------------
 
 # Stages a kernel outputs (stored with their interval) and intermediate values (reference only).
-KERNEL_OUTPUTS = {"qnorm_rope": ("out", "rstd", "dx"), "partial_rope": ("out", "dx")}
-INTERMEDIATES = {"qnorm_rope": ("normalized", "derotated"), "partial_rope": ()}
+KERNEL_OUTPUTS = {
+    "qnorm_rope": ("out", "rstd", "dx"),
+    "partial_rope": ("out", "dx"),
+    "v3_interleaved": ("out", "dx"),
+    "v3_half_split": ("out", "dx"),
+}
 
 
 def reference_stages(case: Case, inputs: dict[str, torch.Tensor]) -> dict:
@@ -276,6 +348,14 @@ def reference_stages(case: Case, inputs: dict[str, torch.Tensor]) -> dict:
 
     x, grad, cos, sin = inputs["x"], inputs["grad"], inputs["cos"], inputs["sin"]
     stages = {}
+    for pairing in ("interleaved", "half_split"):
+        if f"v3_{pairing}" in case.kernels:
+            from reference import rope_utils
+
+            # forward: the table; backward (conjugate rotation of the gradient): the conjugate table
+            table, conjugate = torch.complex(cos, sin), torch.complex(cos, -sin)
+            stages[f"v3_{pairing}.out"] = rope_utils.rotation(x, table, pairing)
+            stages[f"v3_{pairing}.dx"] = rope_utils.rotation(grad, conjugate, pairing)
     if "qnorm_rope" in case.kernels:
         fwd = qnorm_rope.forward(x, cos, sin, case.rotary, case.eps)
         bwd = qnorm_rope.backward(x, grad, cos, sin, case.rotary, case.eps)
@@ -756,6 +836,20 @@ def run_case_kernels(record: dict, x, grad, cos, sin) -> dict[str, torch.Tensor]
 
     rotary, eps = record["rotary"], record["eps"]
     outputs = {}
+    if "v3_interleaved" in record["kernels"]:
+        from dsrope.rope_utils import apply_rotary_emb
+
+        xg = x.detach().requires_grad_()
+        out = apply_rotary_emb(xg, torch.complex(cos, sin), record["qkv_format"], record["unsqueeze_dim"])
+        (dx,) = torch.autograd.grad(out, xg, grad)
+        outputs |= {"v3_interleaved.out": out, "v3_interleaved.dx": dx}
+    if "v3_half_split" in record["kernels"]:
+        from dsrope.rope_utils import apply_rotary_emb_half_split
+
+        xg = x.detach().requires_grad_()
+        out = apply_rotary_emb_half_split(xg, torch.complex(cos, sin), record["qkv_format"])
+        (dx,) = torch.autograd.grad(out, xg, grad)
+        outputs |= {"v3_half_split.out": out, "v3_half_split.dx": dx}
     if "qnorm_rope" in record["kernels"]:
         xg = x.detach().requires_grad_()
         out = qnorm_rope_triton(xg, cos, sin, rotary, eps)
