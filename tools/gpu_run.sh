@@ -27,6 +27,19 @@ for phase in "$@"; do
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
     bench) timeout 560 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    # the correctness phases in parallel (none of them times anything), logs folded into run.log
+    gate)
+      (timeout 420 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      (timeout 200 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
+      (timeout 300 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
+       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
+       timeout 300 python3 -m tools.verify --out "$OUT/verify" >> "$OUT/g.log" 2>&1; echo "verify rc $?" >> "$OUT/g.log"
+       rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
+      if [ -n "${MUTANTS_GPU:-}" ]; then
+        (timeout 420 python3 -m nox -s mutants -- --gpu > "$OUT/m.log" 2>&1; echo "mutants-gpu rc $?" >> "$OUT/m.log") &
+      fi
+      wait
+      for f in t s g m; do [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; }; done ;;
     *) echo "unknown phase $phase" ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
