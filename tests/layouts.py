@@ -19,9 +19,14 @@ class Layout:
     step: tuple[int, ...] | None = None  # step per logical dim
     offset: int = 0
     broadcast: tuple[int, ...] = field(default=())  # logical dims given stride 0 (size kept)
+    guard: int = 0  # NaN elements after the storage: a read past the view's extent meets NaN, not memory
 
     def describe(self, shape) -> str:
-        return f"shape={list(shape)} order={self.order} pad={self.pad} step={self.step} offset={self.offset} broadcast={self.broadcast}"
+        guard = f" guard={self.guard}" if self.guard else ""
+        return (
+            f"shape={list(shape)} order={self.order} pad={self.pad} step={self.step} offset={self.offset} "
+            f"broadcast={self.broadcast}{guard}"
+        )
 
 
 TOKEN_MAJOR = Layout(order=(0, 2, 1, 3))  # [B, H, S, D] view of a contiguous [B, S, H, D]
@@ -42,7 +47,8 @@ def materialize(values: torch.Tensor, layout: Layout, device=None) -> torch.Tens
     for d in reversed(order):
         strides[d] = acc * (step[d] if d not in layout.broadcast else 0)
         acc *= max(extent[d], 1)
-    storage = torch.full((acc + layout.offset,), float("nan"), dtype=values.dtype, device=device)
+    size = acc + layout.offset + layout.guard
+    storage = torch.full((size,), float("nan"), dtype=values.dtype, device=device)
     view = storage.as_strided(shape, strides, layout.offset)
     # a broadcast dim keeps the first slice of `values`: compare against the returned tensor
     src, dst = values, view
