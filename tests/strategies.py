@@ -245,3 +245,81 @@ def cases(draw, kernel: str, value_kinds=None, eps=None):
     grad_layout = draw(layouts(shape, broadcastable=(0, 1, 2, 3)) | token_major_views())
     eps_value = draw(st.sampled_from(eps) if eps else st.sampled_from(EPS) | st.floats(1e-30, 10.0))
     return Case(shape, rotary, dtype, x_values, x_layout, tables, grad_values, grad_layout, eps_value)
+
+
+# --- DeepSeek-V3 rope utilities (rope_utils) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class V3Case:
+    """One example for apply_rotary_emb / apply_rotary_emb_half_split.
+
+    x: [B, S, H, d] (bshd, lead = (B, S)) or [T, H, d] (thd, lead = (T,)); heads = 0 drops the
+    head dim (a shared key: [B, S, d] / [T, d], unsqueeze_dim=2 for the interleaved pairing).
+    The complex64 table [*lead, d/2] has the values of `table` (cos + i sin of its first d/2
+    entries) and its own layout; trainable gives it requires_grad (the eager path).
+    """
+
+    lead: tuple
+    heads: int
+    dim: int
+    pairing: str  # "interleaved" (pairs 2j, 2j+1) or "half_split" (pairs j, j + d/2)
+    dtype: str
+    x: Values
+    x_layout: Layout
+    table: Tables
+    table_layout: Layout
+    trainable: bool
+    grad: Values
+    grad_layout: Layout
+
+    @property
+    def qkv_format(self) -> str:
+        return "bshd" if len(self.lead) == 2 else "thd"
+
+    @property
+    def shape(self) -> tuple:
+        return (*self.lead, self.heads, self.dim) if self.heads else (*self.lead, self.dim)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def build(self, device):
+        """x, table, grad with their drawn layouts (the table requires grad when trainable)."""
+        dtype = self.torch_dtype
+        x = materialize(self.x.make(self.shape, dtype).to(device), self.x_layout)
+        batch, seq = self.lead if len(self.lead) == 2 else (1, self.lead[0])
+        cos, sin = self.table.make(batch, seq, self.dim, dtype)
+        half = self.dim // 2
+        table = torch.complex(cos[..., :half], sin[..., :half]).reshape(*self.lead, half)
+        table = materialize(table.to(device), self.table_layout)
+        if self.trainable:
+            table.requires_grad_()
+        grad = materialize(self.grad.make(self.shape, dtype).to(device), self.grad_layout)
+        return x, table, grad
+
+
+@st.composite
+def v3_cases(draw):
+    if draw(st.booleans()):
+        lead = (draw(st.integers(1, 6 if LARGE else 3)), draw(st.integers(1, 64 if LARGE else 5)))
+    else:
+        lead = (draw(st.integers(1, 256 if LARGE else 12)),)
+    heads = draw(st.integers(0, 16 if LARGE else 4))
+    pairs = draw(st.integers(1, 24) | st.sampled_from([32, 48, 64]))
+    shape = (*lead, heads, 2 * pairs) if heads else (*lead, 2 * pairs)
+    return V3Case(
+        lead=lead,
+        heads=heads,
+        dim=2 * pairs,
+        pairing=draw(st.sampled_from(["interleaved", "half_split"])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        x=Values(draw(st.sampled_from(VALUE_KINDS)), draw(seeds)),
+        x_layout=draw(layouts(shape, preferred=None)),
+        table=Tables(draw(st.sampled_from(TABLE_KINDS)), draw(seeds)),
+        table_layout=draw(layouts((*lead, pairs), broadcastable=tuple(range(len(lead))), preferred=None)),
+        trainable=draw(st.booleans()),
+        grad=Values(draw(st.sampled_from(["normal", "mixed", "zero_rows", "midpoint"])), draw(seeds)),
+        grad_layout=draw(layouts(shape, broadcastable=tuple(range(len(shape))), preferred=None)),
+    )

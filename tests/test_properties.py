@@ -35,12 +35,14 @@ from hypothesis import event, example, given, note, target  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_half_split  # noqa: E402
 from reference import qnorm_rope as qmodel  # noqa: E402
+from reference import rope_utils as v3_model  # noqa: E402
 from reference.floats import U32, fmt  # noqa: E402
 from reference.rope import partial_rope, tables  # noqa: E402
 from tests.common import DEVICE  # noqa: E402
 from tests.layouts import Layout, layout_of  # noqa: E402
-from tests.strategies import Case, Tables, Values, cases  # noqa: E402
+from tests.strategies import Case, Tables, V3Case, Values, cases, v3_cases  # noqa: E402
 
 TINY32 = 2.0**-126  # smallest normal FP32
 FLT_MAX = float(torch.finfo(torch.float32).max)
@@ -49,13 +51,14 @@ FLT_MAX = float(torch.finfo(torch.float32).max)
 # --- helpers ------------------------------------------------------------------------------------
 
 
-def build(case: Case, test: str, **extra):
+def build(case, test: str, **extra):
     """The case's tensors; records the one-line reproduction shown if the property fails."""
     args = " ".join(f"{k}={v!r}" for k, v in extra.items())
     note(f"reproduce: python -m tests.test_properties {test} {shlex.quote(repr(case))} {args}".rstrip())
-    x, cos, sin, grad = case.build(DEVICE)
-    note(f"x {layout_of(x)}; cos {layout_of(cos)}; sin {layout_of(sin)}; grad {layout_of(grad)}")
-    return x, cos, sin, grad
+    tensors = case.build(DEVICE)
+    names = ("x", "cos", "sin", "grad") if len(tensors) == 4 else ("x", "table", "grad")
+    note("; ".join(f"{n} {layout_of(t)}" for n, t in zip(names, tensors, strict=True)))
+    return tensors
 
 
 def whole_storage(t: torch.Tensor) -> torch.Tensor:
@@ -203,29 +206,34 @@ def round_trip_bound(a_mag, b_mag, c, s, dtype):
     return first, second, finite
 
 
-def assert_round_trip(back, x_ref, x_width, x_mag, cos, sin, rotary, what):
+def assert_round_trip(back, x_ref, x_width, x_mag, pairs, c, s, what, keep=None):
     """back (kernel) against x_ref (FP64), whose true value is within x_width of x_ref and at
-    most x_mag in magnitude; pass-through channels must come back within x_width (0: exactly)."""
+    most x_mag in magnitude. pairs(t) -> (first, second): the channels of the rotated pairs, c
+    and s their FP64 table entries (broadcasting against them); keep(t): the channels copied
+    unchanged (must come back within x_width, i.e. exactly where x_width is 0)."""
     back64 = back.detach().to("cpu", torch.float64)
-    d = back.shape[-1]
-    keep = slice(0, d - rotary)
-    err_keep = (back64[..., keep] - x_ref[..., keep]).abs()
-    assert (err_keep <= x_width[..., keep]).all(), f"{what}: pass-through channel changed"
-    c, s = tables(cos, sin, rotary)
-    a, b = slice(d - rotary, d, 2), slice(d - rotary + 1, d, 2)
-    first, second, finite = round_trip_bound(x_mag[..., a], x_mag[..., b], c, s, back.dtype)
-    for name, ch, bound in (("first", a, first), ("second", b, second)):
-        err = (back64[..., ch] - x_ref[..., ch]).abs()
-        allowed = bound + x_width[..., ch]
-        bad = finite & ~(err <= allowed)
+    if keep is not None:
+        assert (keep(back64 - x_ref).abs() <= keep(x_width)).all(), f"{what}: pass-through channel changed"
+    mag, ref, width, got = pairs(x_mag), pairs(x_ref), pairs(x_width), pairs(back64)
+    first, second, finite = round_trip_bound(mag[0], mag[1], c, s, back.dtype)
+    for i, (name, bound) in enumerate((("first", first), ("second", second))):
+        allowed = bound + width[i]
+        bad = finite & ~((got[i] - ref[i]).abs() <= allowed)
         if bad.any():
-            i = tuple(bad.nonzero()[0].tolist())
+            at = tuple(bad.nonzero()[0].tolist())
             raise AssertionError(
                 f"{what}: {int(bad.sum())} {name} channels of pairs off by more than the model, first at "
-                f"pair index {list(i)}: back {back64[..., ch][i].item()!r}, "
-                f"input {x_ref[..., ch][i].item()!r}, allowed error {allowed[i].item()!r}"
+                f"pair index {list(at)}: back {got[i][at].item()!r}, input {ref[i][at].item()!r}, "
+                f"allowed error {allowed[at].item()!r}"
             )
     event("round trip checked on all pairs" if finite.all() else "round trip: overflowing pairs left out")
+
+
+def trailing_pairs(rotary):
+    """SPEC.md's pairs: channels (D-R+2k, D-R+2k+1); the leading D-R channels are kept."""
+    pairs = lambda t: (t[..., t.shape[-1] - rotary :: 2], t[..., t.shape[-1] - rotary + 1 :: 2])
+    keep = lambda t: t[..., : t.shape[-1] - rotary]
+    return pairs, keep
 
 
 @given(case=cases("rope"))
@@ -235,7 +243,9 @@ def test_rope_inverse_returns_input(case):
     out = rope(x, cos, sin, case.rotary)
     back = rope_backward(x, cos, sin, case.rotary, out)
     x64 = x.detach().to("cpu", torch.float64)
-    assert_round_trip(back, x64, torch.zeros_like(x64), x64.abs(), cos, sin, case.rotary, "rope round trip")
+    pairs, keep = trailing_pairs(case.rotary)
+    c, s = tables(cos, sin, case.rotary)
+    assert_round_trip(back, x64, torch.zeros_like(x64), x64.abs(), pairs, c, s, "rope round trip", keep)
 
 
 # --- Q RMSNorm + RoPE ----------------------------------------------------------------------------
@@ -299,8 +309,10 @@ def test_qnorm_then_inverse_rope_returns_normalized(case):
     y = qmodel.forward(x, cos, sin, case.rotary, case.eps).normalized
     width = torch.maximum(y.hi - y.ref, y.ref - y.lo)[..., odd:]
     magnitude = torch.maximum(y.lo.abs(), y.hi.abs())[..., odd:]
+    pairs, keep = trailing_pairs(case.rotary)
+    c, s = tables(cos, sin, case.rotary)
     what = "qnorm then inverse rope"
-    assert_round_trip(back, y.ref[..., odd:], width, magnitude, cos, sin, case.rotary, what)
+    assert_round_trip(back, y.ref[..., odd:], width, magnitude, pairs, c, s, what, keep)
 
 
 def exact_scaling_rows(x64, x2_64, k, eps):
@@ -375,6 +387,77 @@ def test_qnorm_power_of_two_scaling(case, k):
     assert_identical(scaled, dx2.detach().cpu()[safe], f"dx * 2**-k for x vs 2**{k} x")
 
 
+# --- DeepSeek-V3 rope utilities -----------------------------------------------------------------
+
+
+def v3(case: V3Case, x, table):
+    """The function under test; its result has x's shape and dtype. apply_rotary_emb documents a
+    contiguous result; apply_rotary_emb_half_split promises no layout (its result follows x's)."""
+    if case.pairing == "interleaved":
+        out = apply_rotary_emb(x, table, case.qkv_format, unsqueeze_dim=None if case.heads else 2)
+        assert out.is_contiguous(), f"apply_rotary_emb result not contiguous: {layout_of(out)}"
+    else:
+        out = apply_rotary_emb_half_split(x, table, case.qkv_format)
+    assert out.shape == x.shape and out.dtype == x.dtype, f"{layout_of(out)} for x {layout_of(x)}"
+    return out
+
+
+def v3_backward(case: V3Case, x, table, grad):
+    """dx, and the table's gradient when it is trainable (else None)."""
+    x = x.detach().requires_grad_()
+    inputs = (x, table) if case.trainable else (x,)
+    grads = torch.autograd.grad(v3(case, x, table), inputs, grad)
+    assert grads[0].shape == x.shape and grads[0].dtype == x.dtype, f"dx {layout_of(grads[0])}"
+    return grads[0], (grads[1] if case.trainable else None)
+
+
+@given(case=v3_cases())
+def test_v3_forward_within_model(case):
+    x, table, _ = build(case, "test_v3_forward_within_model")
+    untouched = Untouched(x=x, table=table.detach())
+    out = v3(case, x, table)
+    assert_within(v3_model.rotation(x, table, case.pairing).judge(out), f"{case.pairing} forward")
+    untouched.check()
+
+
+@given(case=v3_cases())
+def test_v3_backward_within_model(case):
+    """dx is the rotation of the upstream gradient by the conjugate table; a trainable table's
+    gradient lies within reference/rope_utils.table_gradient's model."""
+    x, table, grad = build(case, "test_v3_backward_within_model")
+    dx, dtable = v3_backward(case, x, table, grad)
+    model = v3_model.rotation(grad, table.detach().conj(), case.pairing)
+    assert_within(model.judge(dx), f"{case.pairing} backward")
+    if dtable is not None:
+        d_cos, d_sin = v3_model.table_gradient(x, grad, table, case.pairing)
+        assert_within(d_cos.judge(dtable.real), f"{case.pairing} d/dcos")
+        assert_within(d_sin.judge(dtable.imag), f"{case.pairing} d/dsin")
+
+
+@given(case=v3_cases())
+def test_v3_layout_invariant(case):
+    x, table, grad = build(case, "test_v3_layout_invariant")
+    xc, tc, gc = contiguous(x, table.detach(), grad)
+    if case.trainable:
+        tc.requires_grad_()
+    assert_identical(v3(case, x, table), v3(case, xc, tc), f"{case.pairing} forward")
+    (dx, dtable), (dxc, dtablec) = v3_backward(case, x, table, grad), v3_backward(case, xc, tc, gc)
+    assert_identical(dx, dxc, f"{case.pairing} backward")
+    if case.trainable:
+        assert_identical(torch.view_as_real(dtable), torch.view_as_real(dtablec), f"{case.pairing} table grad")
+
+
+@given(case=v3_cases())
+def test_v3_inverse_returns_input(case):
+    """Rotating the output by the conjugate table returns x within round_trip_bound."""
+    x, table, _ = build(case, "test_v3_inverse_returns_input")
+    back = v3(case, v3(case, x, table), table.conj())
+    x64 = x.detach().to("cpu", torch.float64)
+    c, s = v3_model.token_tables(table, x)
+    pairs = lambda t: v3_model.split_pairs(t, case.pairing)
+    assert_round_trip(back, x64, torch.zeros_like(x64), x64.abs(), pairs, c, s, f"{case.pairing} round trip")
+
+
 def main(argv: list[str]) -> None:
     """Replay one case: python -m tests.test_properties <test name> "<Case(...)>" [name=value ...]."""
     import ast
@@ -382,7 +465,8 @@ def main(argv: list[str]) -> None:
     from hypothesis import Phase, settings
 
     name, source, *extra = argv
-    case = eval(source, {"Case": Case, "Values": Values, "Tables": Tables, "Layout": Layout})
+    names = {"Case": Case, "V3Case": V3Case, "Values": Values, "Tables": Tables, "Layout": Layout}
+    case = eval(source, names)
     kwargs = {k: ast.literal_eval(v) for k, v in (e.split("=", 1) for e in extra)}
     fixed = {k: st.just(v) for k, v in {"case": case, **kwargs}.items()}
     replay = given(**fixed)(globals()[name].hypothesis.inner_test)
