@@ -9,6 +9,7 @@ format. Overflow follows IEEE: round-to-nearest goes to inf at max + half a spac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -86,6 +87,26 @@ def nearest_interval(center: torch.Tensor, radius: torch.Tensor, dtype: torch.dt
     rounding cell, the only allowed result is the correctly rounded one.
     """
     return round_nearest(center - radius, dtype), round_nearest(center + radius, dtype)
+
+
+def exact_sum(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """Correctly rounded FP64 sum over the last dim (math.fsum).
+
+    torch.sum's order depends on the machine (vector width, threads): on the H200 host it gave
+    other last bits than here, and the goldens must be the same bits everywhere. A correctly
+    rounded sum does not depend on the order. Rows with inf/NaN follow IEEE (order-free there too).
+    """
+    t = t.to(torch.float64)
+    rows = t.reshape(-1, t.shape[-1]).tolist() if t.shape[-1] else [[] for _ in range(math.prod(t.shape[:-1]))]
+
+    def one(row):
+        try:
+            return math.fsum(row)
+        except (OverflowError, ValueError):  # inf, NaN or overflow: IEEE's answer is order-free
+            return sum(row)
+
+    out = torch.tensor([one(r) for r in rows], dtype=torch.float64).reshape(t.shape[:-1])
+    return out.unsqueeze(-1) if keepdim else out
 
 
 def _ordered(t: torch.Tensor) -> torch.Tensor:

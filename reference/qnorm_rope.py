@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import mpmath
 import torch
 
-from reference.floats import U32, fmt, judge, round_nearest
+from reference.floats import U32, exact_sum, fmt, judge, round_nearest
 from reference.rope import Model, interleave, partial_rope, rotation_interval, round_nearest_exact, tables, two_sum
 
 RSQRT_REL = 2.0**-22
@@ -81,7 +81,7 @@ def join(keep, a, b):
 def exact_rstd(x64: torch.Tensor, eps: float):
     """r, and the bound delta_r on the kernel's relative error; r = 0 where FP32 surely overflows."""
     d = x64.shape[-1]
-    squares = (x64 * x64).sum(-1)
+    squares = exact_sum(x64 * x64)
     z = squares / d + eps
     r = 1 / torch.sqrt(z)
     theta = gamma(d + 4) + 2.0**-125 / z
@@ -137,7 +137,7 @@ def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
     g = derotated.ref
     dg = torch.maximum(derotated.hi - g, g - derotated.lo)
     xhat = x64 * r
-    m = (g * xhat).sum(-1, keepdim=True) / d
+    m = exact_sum(g * xhat, keepdim=True) / d
     dx = r * (g - xhat * m)
 
     u = U32
@@ -145,7 +145,7 @@ def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
     ax = xhat.abs()
     a = (g.abs() + dg) * ax * (1 + e1)
     dp = dg * ax * (1 + e1) + g.abs() * ax * e1 + u * a
-    dsum = dp.sum(-1, keepdim=True) + gamma(d) * (a * (1 + u)).sum(-1, keepdim=True)
+    dsum = exact_sum(dp, keepdim=True) + gamma(d) * exact_sum(a * (1 + u), keepdim=True)
     dm = dsum / d + 2 * u * (m.abs() + dsum / d)
     mk = m.abs() + dm
     dq = ax * (1 + e1) * dm + ax * e1 * m.abs() + u * ax * (1 + e1) * mk
@@ -181,7 +181,7 @@ def backward_no_boundary2(x, grad, cos, sin, rotary, eps) -> torch.Tensor:
     keep, ga, gb = split(g64, rotary)
     g = join(keep, ga * c + gb * s, -ga * s + gb * c)
     xhat = x64 * r
-    m = (g * xhat).mean(-1, keepdim=True)
+    m = exact_sum(g * xhat, keepdim=True) / x.shape[-1]
     return round_nearest(r * (g - xhat * m), x.dtype)
 
 
