@@ -38,7 +38,9 @@ _fixed = dict(derandomize=True, database=None, phases=_no_target)
 settings.register_profile("ci", max_examples=50, **_fixed, **_common)
 settings.register_profile("dev", max_examples=100, **_common)
 settings.register_profile("nightly", max_examples=10_000, **_common)
-settings.register_profile("gpu", max_examples=100, **_fixed, **_common)
+# gpu: every new (H, D, R, dtype) compiles kernels (~1 s each on the H200 host); at 100 examples
+# the whole gpu-tests run went past 330 s inside test_properties.py (docs/gpu-runs.md, 14:17 run).
+settings.register_profile("gpu", max_examples=20, **_fixed, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
 
 

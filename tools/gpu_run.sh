@@ -26,10 +26,10 @@ for phase in "$@"; do
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
-    bench) timeout 560 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    bench) timeout 240 python3 -m nox -s bench -- --out "$OUT/bench" ;;
     # the correctness phases in parallel (none of them times anything), logs folded into run.log
     gate)
-      (timeout 420 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      (timeout 330 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
       (timeout 200 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
       (timeout 300 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
        cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
