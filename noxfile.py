@@ -124,3 +124,18 @@ def verify(session: nox.Session) -> None:
     except nox.command.CommandFailed:
         install_cpu(session, "report")
     session.run("python", "-m", "tools.verify", *session.posargs)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def mutants(session: nox.Session) -> None:
+    """Mutation gate (tools/mutants.py): every seeded kernel fault must fail the suite.
+
+    CPU: the CPU mutants against the whole CPU suite in the interpreter. `-- --gpu` on a CUDA host:
+    the GPU-only mutants (32-bit offsets) against the gpu-marked tests. Packages as for verify.
+    """
+    probe = "import torch, triton, numpy, ml_dtypes, mpmath, hypothesis, pytest, xdist, safetensors"
+    try:
+        session.run("python", "-c", probe, silent=True)
+    except nox.command.CommandFailed:
+        install_cpu(session)
+    session.run("python", "tools/mutants.py", *session.posargs)

@@ -1,0 +1,111 @@
+"""Properties the mutation gate (tools/mutants.py) found unguarded or guarded only by the slow
+property suite: each test here kills catalog faults cheaply, first thing in every mutant's run.
+
+No write outside the output (mutants rope/qnorm.row_mask_missing, rope.channel_mask_long): the
+launchers allocate their outputs through `token_major_empty`; here it hands out a view into a
+larger buffer whose bands before and after the output hold random bits, with a row count that is
+not a multiple of the rows per program and D not a power of two, so a missing row mask on the
+last block, or a channel mask reaching past D, writes into a band. Inputs are slices of larger
+buffers, so the reads such a fault makes stay inside memory this test owns.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dsrope.qnorm_rope
+import dsrope.rope
+from dsrope import apply_partial_rope_triton, qnorm_rope_triton
+from reference import qnorm_rope as qmodel
+from reference.rope import partial_rope
+from tests.common import DEVICE, DTYPES, laid_out, tables, values
+from tests.layouts import TOKEN_MAJOR, Layout, materialize
+
+BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+# At D = 20 a program covers at most 64 rows on either device: a band of 64 rows of twice D covers
+# every write a missing row mask or a channel mask past D can make.
+SHAPE, ROTARY = (1, 3, 11, 20), 8  # 33 rows; D = 20 < tile width 32
+
+
+class GuardedOutputs:
+    """Replaces `token_major_empty` in a kernel module; remembers each buffer and its bands."""
+
+    def __init__(self, monkeypatch, module):
+        self.made = []
+        monkeypatch.setattr(module, "token_major_empty", self.alloc)
+
+    def alloc(self, x):
+        b, h, s, d = x.shape
+        n, band = x.numel(), 64 * 2 * d
+        buf = values((n + 2 * band,), x.dtype, seed=len(self.made) + 40).to(x.device)
+        self.made.append((buf, buf.clone(), band, n))
+        return buf[band : band + n].view(b, s, h, d).transpose(1, 2)
+
+    def assert_bands_untouched(self, expected_buffers):
+        assert len(self.made) == expected_buffers, "the launchers no longer allocate through token_major_empty"
+        for buf, before, band, n in self.made:
+            bits, was = buf.view(BITS[buf.dtype]).cpu(), before.view(BITS[buf.dtype]).cpu()
+            for name, sl in (("before", slice(0, band)), ("after", slice(band + n, None))):
+                changed = (bits[sl] != was[sl]).nonzero().flatten()
+                assert changed.numel() == 0, (
+                    f"{changed.numel()} elements written {name} the output (first at band index {changed[:4].tolist()})"
+                )
+
+
+def assert_within(check, what):
+    assert check.violations == 0, f"{what}: {check}"
+
+
+def sliced_token_major(dtype, seed):
+    """x of SHAPE as the first batch of a token-major buffer with two more batches."""
+    b, h, s, d = SHAPE
+    full = materialize(values((b + 2, h, s, d), dtype, seed=seed).to(DEVICE), TOKEN_MAJOR)
+    return full[:b]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_writes_nothing_outside_its_outputs(dtype, monkeypatch):
+    guard = GuardedOutputs(monkeypatch, dsrope.rope)
+    x = sliced_token_major(dtype, seed=1).requires_grad_()
+    g = sliced_token_major(dtype, seed=2)
+    cos, sin = tables(SHAPE[0], SHAPE[2], ROTARY, seed=3)
+    out = apply_partial_rope_triton(x, cos, sin, ROTARY)
+    (dx,) = torch.autograd.grad(out, x, g)
+    guard.assert_bands_untouched(2)
+    assert_within(partial_rope(x, cos, sin, ROTARY).judge(out), "forward")
+    assert_within(partial_rope(g, cos, sin, ROTARY, inverse=True).judge(dx), "backward")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qnorm_writes_nothing_outside_its_outputs(dtype, monkeypatch):
+    guard = GuardedOutputs(monkeypatch, dsrope.qnorm_rope)
+    x = sliced_token_major(dtype, seed=4).requires_grad_()
+    g = sliced_token_major(dtype, seed=5)
+    cos, sin = tables(SHAPE[0], SHAPE[2], ROTARY, seed=6)
+    out = qnorm_rope_triton(x, cos, sin, ROTARY, 1e-6)
+    (dx,) = torch.autograd.grad(out, x, g)
+    guard.assert_bands_untouched(2)
+    assert_within(qmodel.forward(x, cos, sin, ROTARY, 1e-6).out.judge(out), "forward")
+    assert_within(qmodel.backward(x, g, cos, sin, ROTARY, 1e-6).dx.judge(dx), "backward")
+
+
+@pytest.mark.parametrize("kernel", ["rope", "qnorm"])
+def test_tables_read_through_their_own_strides(kernel):
+    shape, rotary = (2, 2, 3, 16), 8
+    x = laid_out(shape, torch.bfloat16, TOKEN_MAJOR, seed=7).requires_grad_()
+    g = laid_out(shape, torch.bfloat16, TOKEN_MAJOR, seed=8)
+    c0, s0 = tables(2, 3, rotary, seed=9, expand_batch=False)
+    cos = materialize(c0, Layout(order=(2, 0, 1), pad=(3, 1, 2), offset=11))
+    sin = materialize(s0, Layout(order=(1, 2, 0), pad=(2, 0, 5), offset=3))
+    assert cos.stride() != sin.stride() and cos.stride(-1) != 1 and sin.stride(-1) != 1
+    if kernel == "rope":
+        out = apply_partial_rope_triton(x, cos, sin, rotary)
+        (dx,) = torch.autograd.grad(out, x, g)
+        assert_within(partial_rope(x, cos, sin, rotary).judge(out), "forward")
+        assert_within(partial_rope(g, cos, sin, rotary, inverse=True).judge(dx), "backward")
+    else:
+        out = qnorm_rope_triton(x, cos, sin, rotary, 1e-6)
+        (dx,) = torch.autograd.grad(out, x, g)
+        assert_within(qmodel.forward(x, cos, sin, rotary, 1e-6).out.judge(out), "forward")
+        assert_within(qmodel.backward(x, g, cos, sin, rotary, 1e-6).dx.judge(dx), "backward")
