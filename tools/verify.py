@@ -233,10 +233,12 @@ def main(argv=None) -> int:
     except golden.GoldenError as e:
         problems.append(f"golden files: {e}")
     text, rows = render(table, meta)
+    violations = []
     for r in rows:
         if r["violations"]:
-            problems.append(f"{r['kernel']} {r['dtype']} {r['direction']}: {r['violations']} elements outside "
+            violations.append(f"{r['kernel']} {r['dtype']} {r['direction']}: {r['violations']} elements outside "
                             f"the error model; {r['first_violation']}")
+    problems = violations + problems  # a wrong value first; a changed bit (golden) after
     print(text)
     (out / "report.md").write_text(f"# dsrope accuracy report\n\n{text}\n")
     (out / "report.json").write_text(json.dumps({"meta": meta, "rows": rows, "problems": problems}, indent=1))
@@ -246,7 +248,7 @@ def main(argv=None) -> int:
     if problems:
         for p in problems:
             print("FAIL:", p)
-        print(f"verify FAILED: {problems[0]}")
+        print(f"verify FAILED ({len(problems)} problems): {problems[0].splitlines()[0]}")
         return 1
     print("verify passed: no element outside the error model, goldens match")
     return 0
