@@ -1,12 +1,20 @@
-"""Properties the mutation gate (tools/mutants.py) found unguarded or guarded only by the slow
-property suite: each test here kills catalog faults cheaply, first thing in every mutant's run.
+"""Tests the mutation gate (tools/mutants.py) asked for: each kills catalog faults that the rest of
+the suite catches only by luck or only slowly. They run first in every mutant's run.
 
-No write outside the output (mutants rope/qnorm.row_mask_missing, rope.channel_mask_long): the
-launchers allocate their outputs through `token_major_empty`; here it hands out a view into a
-larger buffer whose bands before and after the output hold random bits, with a row count that is
-not a multiple of the rows per program and D not a power of two, so a missing row mask on the
-last block, or a channel mask reaching past D, writes into a band. Inputs are slices of larger
-buffers, so the reads such a fault makes stay inside memory this test owns.
+No write outside the output (mutants rope.row_mask_missing, qnorm.row_mask_missing,
+rope.channel_mask_long). Without this test those faults write past the end of the output buffer
+and the CPU suite notices only when the corrupted heap happens to crash the interpreter (it did:
+SIGABRT/SIGSEGV, not a failing test). Here the launchers' allocator `token_major_empty` hands out a
+view into a larger buffer whose bands before and after the output hold random bits; the row count
+is not a multiple of the rows per program and D is not a power of two, so a missing row mask on
+the last block, or a channel mask reaching past D, writes into a band. Inputs are slices of larger
+buffers, so the reads such a fault makes stay inside memory the test owns.
+
+Tables through their own strides (mutants rope.sin_read_with_cos_strides,
+qnorm.cos_batch_stride_ignored, qnorm.backward_table_channel_stride_ignored): cos and sin with
+per-batch values and two different layouts, neither with channel stride 1. Elsewhere the QNorm
+tests use only broadcast contiguous tables and every sin shares cos's layout: those faults were
+caught only by two golden cases and, for sin, by the property suite after minutes.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ and root first on the path and every path into the real checkout (an editable in
 one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
 mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
 stages: tests/test_mutant_guards.py and the mutated file's own test module, then, only if those
-pass, every other test module (tests/test_properties.py last). Killed: a test failed (or pytest
-died of a signal). Survived: the whole suite passed. Broken: a collection or import error, which
-is not a kill. On CPU each pytest run is a child forked from a parent that imported torch and
-triton once (`--no-fork` starts fresh interpreters instead); on CUDA every run starts fresh.
+pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
+the whole suite passed. Broken (a collection or import error) and crashed (pytest died of a
+signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
+forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
+instead); on CUDA every run starts fresh.
 
     python tools/mutants.py              # CPU: every CPU mutant against the whole CPU suite
     python tools/mutants.py --gpu        # CUDA: the GPU-only mutants against the gpu-marked tests
@@ -25,7 +26,7 @@ fault only a GPU can reveal (32-bit offsets past 2**31 elements) and must be kil
 gpu-marked tests; an equivalent mutant carries the argument why it does not change the function,
 is listed, and is neither run nor counted (`--equivalent` runs them, to show they survive).
 
-Exit status: 0 when every counted mutant is killed; 1 when one survived or its run was broken,
+Exit status: 0 when every counted mutant is killed; 1 when one survived, broke or crashed,
 when the unmutated copy fails, or when an edit is stale. The table and a JSON record go to
 out/mutants/.
 """
@@ -846,7 +847,7 @@ def scratch_env(scratch: Path, gpu: bool) -> dict:
 @dataclass
 class Result:
     mutant: Mutant | None
-    status: str  # killed | survived | broken | stale | timeout
+    status: str  # killed | survived | broken | crashed | stale | timeout
     seconds: float = 0.0
     killer: str = ""
     reason: str = ""
@@ -960,8 +961,8 @@ def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Pat
 def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, workers=None, fork=None) -> Result:
     """The whole suite on the scratch copy, in two stages: the guards and the mutated file's own
     tests first, then every other test module, run only if the first stage passed. Survived: every
-    test passed. Killed: a test failed, or pytest died of a signal (the gate fails the same way).
-    A collection or import error is `broken`, not a kill: the mutant must fail tests."""
+    test passed. Killed: a test failed. Not kills: `broken` (a collection or import error) and
+    `crashed` (pytest died of a signal): the mutant must fail a test."""
     workers = args.workers if workers is None else workers
     fork = args.fork if fork is None else fork
     files = test_files(scratch, FIRST + home)
@@ -981,7 +982,9 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
         elif rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
             continue
         elif rc < 0:
-            result.status, result.reason = "killed", f"pytest died of signal {-rc} (crash)"
+            # e.g. heap corruption from a write past a buffer: whether it crashes is luck, so a
+            # crash is no kill; the suite needs a test that fails on the fault every time
+            result.status, result.reason = "crashed", f"pytest died of signal {-rc}"
             result.killer = failed[0][0] if failed else ""
         elif failed and not any(collection for _, _, collection in failed):
             result.status, (result.killer, result.reason, _) = "killed", failed[0]
