@@ -1185,7 +1185,8 @@ def main(argv=None) -> int:
 
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
-    suffix = "gpu" if args.gpu else "cpu"
+    # a partial run (--only, --equivalent, --deselect) must not overwrite the full run's record
+    suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if wanted or args.equivalent or args.deselect else "")
     (report / f"mutants-{suffix}.md").write_text(text + "\n\n" + summary + "\n")
     rows = [
         dict(
