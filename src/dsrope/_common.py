@@ -76,6 +76,19 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def tile_config(dim: int, elements: int) -> dict:
+    """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
+
+    The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
+    won (tools/sweep.py, docs/perf.md): `elements` per program, 1024 for partial RoPE (99% of copy
+    bandwidth), 2048 for the QNorm forward (98%), 4096 for its backward (92%).
+    """
+    block = next_pow2(dim)
+    if INTERPRET:
+        return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
+    return dict(M=max(1, elements // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
+
+
 # --- Triton interpreter: round fp32 -> bf16 to nearest even, as the GPU does -------------------
 # Measured (SPEC.md; triton 3.6 and 3.9): the interpreter converts fp32 -> bf16 by dropping the low
 # 16 bits (truncation), and even its "rtne" path rounds ties away from zero. Compiled kernels round

@@ -19,12 +19,11 @@ import triton
 import triton.language as tl
 
 from dsrope._common import (
-    INTERPRET,
     check_eps,
     check_rotary,
     check_table,
     check_x,
-    next_pow2,
+    tile_config,
     token_major_empty,
 )
 
@@ -112,16 +111,6 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-def _config(dim: int, elements: int) -> dict:
-    # The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
-    # won (tools/sweep.py, docs/perf.md): forward 4 rows of 512 channels (98% of copy bandwidth),
-    # backward 8 rows (92%).
-    block = next_pow2(dim)
-    if INTERPRET:
-        return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
-    return dict(M=max(1, elements // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
-
-
 def _forward(x, cos, sin, rotary, eps):
     out = token_major_empty(x)
     batch, heads, seq, dim = x.shape
@@ -129,7 +118,7 @@ def _forward(x, cos, sin, rotary, eps):
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
-    config = _config(dim, 2048)
+    config = tile_config(dim, 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
@@ -143,7 +132,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = _config(dim, 4096)
+    config = tile_config(dim, 4096)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
         *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,

@@ -13,11 +13,10 @@ import triton
 import triton.language as tl
 
 from dsrope._common import (
-    INTERPRET,
     check_rotary,
     check_table,
     check_x,
-    next_pow2,
+    tile_config,
     token_major_empty,
 )
 
@@ -68,15 +67,6 @@ def _rotate(
     tl.store(out_row + c, result, mask=valid)
 
 
-def _config(channels: int) -> dict:
-    # The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
-    # won (tools/sweep.py, docs/perf.md): 2 rows of 512 channels, 99% of copy bandwidth.
-    block = next_pow2(channels)
-    if INTERPRET:
-        return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
-    return dict(M=max(1, 1024 // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
-
-
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:
     """Rotate x [B, H, S, D] (any strides) into a [B, H, S, D] view of token-major storage."""
     out = token_major_empty(x)
@@ -84,7 +74,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = _config(dim)
+    config = tile_config(dim, 1024)
     _rotate[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
