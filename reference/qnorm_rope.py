@@ -82,8 +82,12 @@ def exact_rstd(x64: torch.Tensor, eps: float):
     """r, and the bound delta_r on the kernel's relative error; r = 0 where FP32 surely overflows."""
     d = x64.shape[-1]
     squares = exact_sum(x64 * x64)
-    z = squares / d + eps
-    r = 1 / torch.sqrt(z)
+    # z and r row by row in Python floats: each operation IEEE-754 correctly rounded on every
+    # machine. torch's vectorized CPU kernels for the same FP64 expression gave r 2 ulp apart on the
+    # H200 host (torch 2.11) and here (torch 2.13), and the goldens must be the same bits everywhere.
+    z = torch.tensor([s / d + eps for s in squares.flatten().tolist()], dtype=torch.float64).reshape(squares.shape)
+    r = torch.tensor([1 / math.sqrt(v) for v in z.flatten().tolist()], dtype=torch.float64)
+    r = r.reshape(z.shape)
     theta = gamma(d + 4) + 2.0**-125 / z
     delta = (1 - theta) ** -0.5 * (1 + RSQRT_REL) - 1
     overflow = squares * (1 - gamma(d)) > FLT_MAX

@@ -24,11 +24,14 @@ LARGE = (1, 128, 32800, 512)
 ROTARY = 64
 
 
-def large_inputs(seed):
+def large_inputs(seed, layout):
+    """x past 2**31 elements: a view of token-major storage (the production layout, rows walked
+    in token-major order) or a contiguous head-major tensor (rows walked in head-major order)."""
     g = torch.Generator(device=DEVICE).manual_seed(seed)
-    # token-major storage, the production layout; values drawn on the GPU in place
-    x = torch.randn(LARGE[0], LARGE[2], LARGE[1], LARGE[3], device=DEVICE, dtype=torch.bfloat16, generator=g)
-    return x.transpose(1, 2)
+    b, h, s, d = LARGE
+    if layout == "head_major":
+        return torch.randn(b, h, s, d, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    return torch.randn(b, s, h, d, device=DEVICE, dtype=torch.bfloat16, generator=g).transpose(1, 2)
 
 
 def ends(t, n=8):
@@ -37,8 +40,9 @@ def ends(t, n=8):
 
 
 @pytest.mark.slow
-def test_qnorm_rope_past_2_31_elements():
-    x = large_inputs(0)
+@pytest.mark.parametrize("layout", ["token_major", "head_major"])
+def test_qnorm_rope_past_2_31_elements(layout):
+    x = large_inputs(0, layout)
     assert x.numel() > 2**31
     cos, sin = tables(1, LARGE[2], ROTARY, seed=1)
     x.requires_grad_()
@@ -58,8 +62,9 @@ def test_qnorm_rope_past_2_31_elements():
 
 
 @pytest.mark.slow
-def test_partial_rope_past_2_31_elements():
-    x = large_inputs(3)
+@pytest.mark.parametrize("layout", ["token_major", "head_major"])
+def test_partial_rope_past_2_31_elements(layout):
+    x = large_inputs(3, layout)
     cos, sin = tables(1, LARGE[2], ROTARY, seed=4)
     x.requires_grad_()
     out = apply_partial_rope_triton(x, cos, sin, ROTARY)

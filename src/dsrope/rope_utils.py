@@ -243,10 +243,13 @@ def _interleaved(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     if _runs_kernel(x, table):
         cos, sin = table.real, table.imag
         return _kernel(x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
-    # Eager FP32 complex product: autograd reaches a trainable table.
+    # Eager FP32 complex product: autograd reaches a trainable table. Both factors contiguous: torch's
+    # CPU complex product rounds differently on its strided and vectorized paths, and the result must
+    # not depend on the table's strides. stack, not view_as_real: the backward of view_as_real views
+    # the upstream gradient as complex, which fails for a gradient at an odd storage offset.
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2).contiguous())
-    rotated = pairs * table[:, :, None, :]
-    return torch.view_as_real(rotated).flatten(-2).to(x.dtype)
+    rotated = pairs * table.contiguous()[:, :, None, :]
+    return torch.stack((rotated.real, rotated.imag), -1).flatten(-2).to(x.dtype)
 
 
 def _to_bshd(x: torch.Tensor, qkv_format: str) -> torch.Tensor:
