@@ -1,9 +1,25 @@
-"""Tune rows per program (M) and warps for the DSV4 kernels on CUDA: median time per config at
-one large DSV4 shape, as GB/s and fraction of the measured copy bandwidth. Prints a table; the
-winners go into the kernels' _config."""
+"""Tune the DSV4 kernels on CUDA: rows per program (M) and warps, for a token-major and a
+head-major input, at a small and a large DSV4 shape.
+
+Prints one line per config (median time, GB/s, fraction of the copy bandwidth measured in the same
+run, registers and spills) and the best config per (kernel, shape, layout); writes the rows as CSV.
+Every config is compiled first in parallel worker processes (they fill Triton's cache), so the
+timing process only loads kernels. The winners go into the kernels' ROWS/WARPS constants.
+
+    python tools/sweep.py --out out/sweep [--baseline DIR]
+    python tools/sweep.py --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
+
+--baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
+version with the same kernel signatures, at its own config) in the same run, for an A/B comparison.
+"""
 
 from __future__ import annotations
 
+import argparse
+import csv
+import importlib.util
+import itertools
+import multiprocessing
 import sys
 from pathlib import Path
 
@@ -13,52 +29,148 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
-from dsrope.qnorm_rope import _qnorm_rope, _qnorm_rope_backward  # noqa: E402
-from dsrope.rope import _rotate  # noqa: E402
+from dsrope import qnorm_rope, rope  # noqa: E402
 
-B, H, S, D, R = 1, 128, 16384, 512, 64
+D, R, EPS = 512, 64, 1e-6
+SHAPES = [(1, 64, 4096), (1, 128, 16384)]
+LAYOUTS = ("token_major", "head_major")
+KERNELS = ("rope", "qnorm_fwd", "qnorm_bwd")
+CONFIGS = [
+    dict(M=m, num_warps=w)
+    for m, w in itertools.product((1, 2, 4, 8, 16), (1, 2, 4))
+    if m * D // (32 * w) >= 8  # at least 8 elements per thread
+]
+
+
+def tensors(b, h, s, layout):
+    shape = (b, s, h, D) if layout == "token_major" else (b, h, s, D)
+    make = (lambda: torch.randn(shape, device="cuda", dtype=torch.bfloat16))
+    x, g = make(), make()
+    if layout == "token_major":
+        x, g = x.transpose(1, 2), g.transpose(1, 2)
+    ang = torch.rand(1, s, R, device="cuda").expand(b, s, R)
+    out = torch.empty(b, s, h, D, device="cuda", dtype=torch.bfloat16)
+    rstd = torch.empty(b * s * h, device="cuda", dtype=torch.float32)
+    return x, g, torch.cos(ang), torch.sin(ang), out, rstd
+
+
+def launch(kernel, t, config, old=None):
+    """(bytes that must move, a function launching one config of `kernel` on tensors t)."""
+    x, g, cos, sin, out, rstd = t
+    b, h, s, _ = x.shape
+    rows = b * h * s
+    n = x.numel() * 2
+    grid = (triton.cdiv(rows, config["M"]),)
+    geometry = (rows, s, h, D, R)
+    tables = (*cos.stride(), *sin.stride())
+    kw = dict(config, BLOCK=D)
+    mod_rope, mod_qnorm = old or (rope, qnorm_rope)
+    if kernel == "rope":
+        return 2 * n, lambda: mod_rope._rotate[grid](
+            x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw)
+    if kernel == "qnorm_fwd":
+        return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
+            x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw)
+    return 3 * n + rows * 4, lambda: mod_qnorm._qnorm_rope_backward[grid](
+        x, g, cos, sin, rstd, out, *geometry, *x.stride(), *g.stride(), *tables, **kw)
+
+
+def load_baseline(folder):
+    mods = []
+    for name in ("old_rope", "old_qnorm_rope"):
+        spec = importlib.util.spec_from_file_location(name, Path(folder) / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mods.append(mod)
+    return tuple(mods)
+
+
+BASELINE = {"rope": dict(M=2, num_warps=1), "qnorm_fwd": dict(M=4, num_warps=1), "qnorm_bwd": dict(M=8, num_warps=1)}
+
+
+def jobs(baseline):
+    for kernel, config in itertools.product(KERNELS, CONFIGS):
+        yield kernel, config, False
+    if baseline:
+        for kernel in KERNELS:
+            yield kernel, BASELINE[kernel], True
+
+
+def compile_some(args):
+    """Worker: launch each of its configs once on a small tensor set (fills Triton's cache)."""
+    part, parts, baseline = args
+    old = load_baseline(baseline) if baseline else None
+    for layout in LAYOUTS:
+        t = tensors(1, 64, 256, layout)
+        for i, (kernel, config, is_old) in enumerate(jobs(baseline)):
+            if i % parts == part:
+                launch(kernel, t, config, old if is_old else None)[1]()
+    torch.cuda.synchronize()
+    return part
 
 
 def copy_bandwidth() -> float:
     src = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda")
-    return 4 * (1 << 31) / (do_bench(src.clone, return_mode="median") * 1e-3)
-
-
-def launches(x, g, cos, sin, out, rstd, rows, grid, kw):
-    """name -> (bytes that must move, launch) for one config."""
-    n = x.numel() * 2
-    common = (H, D, R)
-    return {
-        "qnorm_fwd": (2 * n + rows * 4, lambda: _qnorm_rope[grid](
-            x, cos, sin, out, rstd, rows, S, *common, *x.stride(), *cos.stride(), *sin.stride(), EPS=1e-6, **kw)),
-        "qnorm_bwd": (3 * n + rows * 4, lambda: _qnorm_rope_backward[grid](
-            x, g, cos, sin, rstd, out, rows, S, *common, *x.stride(), *g.stride(), *cos.stride(), *sin.stride(),
-            **kw)),
-        "rope": (2 * n, lambda: _rotate[grid](
-            x, cos, sin, out, rows, S, *common, *x.stride(), *cos.stride(), *sin.stride(), INVERSE=False, **kw)),
-    }
+    return 4 * (1 << 31) / (do_bench(src.clone, warmup=25, rep=200, return_mode="median") * 1e-3)
 
 
 def main():
-    x = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    g = torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    ang = torch.rand(1, S, R, device="cuda").expand(B, S, R)
-    cos, sin = torch.cos(ang), torch.sin(ang)
-    out = torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16)
-    rows = B * S * H
-    rstd = torch.empty(rows, device="cuda", dtype=torch.float32)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="out/sweep")
+    parser.add_argument("--baseline", default="")
+    parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--one", nargs=4, metavar=("KERNEL", "LAYOUT", "M", "WARPS"))
+    args = parser.parse_args()
+    if args.one:
+        kernel, layout, m, warps = args.one
+        old = load_baseline(args.baseline) if args.baseline else None
+        t = tensors(*SHAPES[-1], layout)
+        fn = launch(kernel, t, dict(M=int(m), num_warps=int(warps)), old)[1]
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        pool.map(compile_some, [(p, args.workers, args.baseline) for p in range(args.workers)])
+    print("compiled", flush=True)
+
+    old = load_baseline(args.baseline) if args.baseline else None
     copy = copy_bandwidth()
-    print(f"copy {copy / 1e9:.0f} GB/s")
-    for m in (2, 4, 8, 16, 32):
-        for warps in (1, 2, 4, 8):
-            for stages in (1,):  # no loop to pipeline: stages do not matter here
-                kw = dict(M=m, BLOCK=D, num_warps=warps, num_stages=stages)
-                results = launches(x, g, cos, sin, out, rstd, rows, (triton.cdiv(rows, m),), kw)
-                line = [f"M={m:2d} warps={warps} stages={stages}"]
-                for name, (nbytes, fn) in results.items():
-                    ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
-                    line.append(f"{name} {nbytes / ms / 1e6:6.0f} GB/s {nbytes / ms / 1e-3 / copy:.3f}")
-                print(" | ".join(line), flush=True)
+    print(f"copy {copy / 1e9:.0f} GB/s", flush=True)
+    rows = []
+    for (b, h, s), layout in itertools.product(SHAPES, LAYOUTS):
+        t = tensors(b, h, s, layout)
+        for kernel, config, is_old in jobs(args.baseline):
+            nbytes, fn = launch(kernel, t, config, old if is_old else None)
+            compiled = fn()
+            ms = do_bench(fn, warmup=25, rep=60, return_mode="median")
+            row = dict(
+                kernel=kernel, B=b, H=h, S=s, layout=layout, version="old" if is_old else "new",
+                M=config["M"], warps=config["num_warps"],
+                ms=round(ms, 4), gbs=round(nbytes / ms / 1e6), of_copy=round(nbytes / ms / 1e-3 / copy, 3),
+                regs=getattr(compiled, "n_regs", ""), spills=getattr(compiled, "n_spills", ""),
+            )
+            rows.append(row)
+            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        del t
+        torch.cuda.empty_cache()
+    with open(out / "sweep.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print("\nbest per kernel, shape, layout (and the old kernel in the same run):")
+    for key, group in itertools.groupby(
+        sorted(rows, key=lambda r: (r["kernel"], r["B"], r["H"], r["S"], r["layout"])),
+        key=lambda r: (r["kernel"], r["B"], r["H"], r["S"], r["layout"]),
+    ):
+        group = list(group)
+        new = max((r for r in group if r["version"] == "new"), key=lambda r: r["of_copy"])
+        olds = [r["of_copy"] for r in group if r["version"] == "old"]
+        print(key, f"best M={new['M']} warps={new['warps']} {new['of_copy']}",
+              f"old {olds[0]}" if olds else "")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import os
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 # Triton decides at decoration time whether `@triton.jit` compiles or interprets, from this
 # variable; reading it once at import gives the same answer the kernels were built with.
@@ -76,17 +78,41 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def tile_config(dim: int, elements: int) -> dict:
+def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
 
-    The interpreter pays per program: big blocks on CPU. On the H200 small programs of one warp
-    won (tools/sweep.py, docs/perf.md): `elements` per program, 1024 for partial RoPE (99% of copy
-    bandwidth), 2048 for the QNorm forward (98%), 4096 for its backward (92%).
+    The interpreter pays per program: big blocks on CPU. On the H200 small programs won
+    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 1024 x 1 warp for partial
+    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward.
     """
     block = next_pow2(dim)
     if INTERPRET:
         return dict(M=max(1, min(64, (1 << 16) // block)), BLOCK=block)
-    return dict(M=max(1, elements // block), BLOCK=block, num_warps=1 if block <= 1024 else 4)
+    return dict(M=max(1, elements // block), BLOCK=block, num_warps=warps if block <= 1024 else max(warps, 4))
+
+
+@triton.jit
+def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
+    """t [M, BLOCK] with the two lanes of every pair (2i, 2i+1) exchanged, in registers.
+
+    A pair partner loaded a second time from memory is a gather: one scalar load and one 64-bit
+    address per lane, which cost the backward most of its issue slots and registers (SASS for
+    sm_90: 64 of its 98 loads per thread at 8 rows). A split and a join stay in registers.
+    """
+    first, second = tl.split(tl.reshape(t, (M, BLOCK // 2, 2)))
+    return tl.reshape(tl.join(second, first), (M, BLOCK))
+
+
+@triton.jit
+def pair_table(table, row_offset, stride, row_ok, FIRST: tl.constexpr, PAIRS: tl.constexpr,
+               M: tl.constexpr, BLOCK: tl.constexpr):
+    """table[row_offset + k * stride] for the pair k = i - FIRST of lanes (2i, 2i+1), as [M, BLOCK].
+
+    One contiguous load per pair, then the entry given to both of its lanes; 0 outside 0 <= k < PAIRS.
+    """
+    k = tl.arange(0, BLOCK // 2).to(tl.int64)[None, :] - FIRST
+    entry = tl.load(table + row_offset[:, None] + k * stride, mask=row_ok[:, None] & (k >= 0) & (k < PAIRS), other=0.0)
+    return tl.reshape(tl.join(entry, entry), (M, BLOCK))
 
 
 # --- Triton interpreter: round fp32 -> bf16 to nearest even, as the GPU does -------------------

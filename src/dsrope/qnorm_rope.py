@@ -8,8 +8,9 @@ The two bf16 rounding boundaries are intentional; they reproduce the unfused eag
 Keeping FP32 across either boundary computes a different function (SPEC.md).
 
 Rows are walked in token-major order, row = (b*S + s)*H + h; `rstd` is saved in that order.
-Each row is one contiguous tile of channels (masked, so D and R/2 need not be powers of two and D
-may be odd); a rotary lane also reads its pair partner, which lies in the same cache lines.
+Each row is one contiguous tile of channels, loaded and stored once (masked, so D and R/2 need not
+be powers of two and D may be odd); a rotary lane takes its pair partner from the neighbouring lane
+in registers and its table entry from one load per pair.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dsrope._common import (
     check_rotary,
     check_table,
     check_x,
+    pair_table,
+    swap_pairs,
     tile_config,
     token_major_empty,
 )
@@ -30,25 +33,24 @@ from dsrope._common import (
 
 @triton.jit
 def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
-    """Coordinates of M token-major rows and the channel lanes of their tile.
+    """Coordinates of M token-major rows and the lanes of their channel tile.
 
-    A rotary lane (channel c >= D - R) also reads its pair partner: c + 1 for the first channel
-    of a pair, c - 1 for the second (pairs are counted from D - R, so D itself may be odd).
+    Lane l holds channel c = l - SHIFT, SHIFT = (D - R) % 2: every rotary pair then sits on the
+    aligned lanes (2i, 2i+1), so a lane's partner is its neighbour in registers (swap_pairs) and
+    pair k's table entry is read once (pair_table). D itself may be odd (SHIFT = 1).
     """
+    shift = (D - R) % 2  # constexpr
     row_ok = row < rows
     h = row % H
     token = row // H
     s = token % S
     b = token // S
-    c = tl.arange(0, BLOCK).to(tl.int64)[None, :]
-    valid = row_ok[:, None] & (c < D)
-    j = c - (D - R)
-    rot = valid & (j >= 0)
-    second = (j & 1) == 1
-    # j ^ 1 is the partner's position; a select between c - 1 and c + 1 made the compiler treat
-    # the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
-    partner = (j ^ 1) + (D - R)
-    return b, h, s, c, valid, rot, second, partner, j // 2
+    lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    c = lane - shift
+    valid = row_ok[:, None] & (c >= 0) & (c < D)
+    rot = valid & (c >= D - R)
+    second = (lane & 1) == 1
+    return b, h, s, c, row_ok, valid, rot, second, (D - R + shift) // 2
 
 
 @triton.jit
@@ -61,23 +63,22 @@ def _qnorm_rope(
     """Normalize and rotate M rows per program into token-major `out` [B, S, H, D]."""
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    b, h, s, c, valid, rot, second, partner, k = _row_tile(row, rows, S, H, D, R, BLOCK)
-    x_row = x + (b * XB + h * XH + s * XS)[:, None]
+    b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
-    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    v = tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32)
 
     r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)
-    tl.store(rstd + row, r, mask=row < rows)
+    tl.store(rstd + row, r, mask=row_ok)
 
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
     y = (v * r[:, None]).to(dtype)
-    y_partner = (p * r[:, None]).to(dtype).to(tl.float32)
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
+    y32 = y.to(tl.float32)
+    y_partner = swap_pairs(y32, M, BLOCK)
+    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)
+    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
-    rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn
+    rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn
     tl.store(out + (row * D)[:, None] + c, tl.where(rot, rotated.to(dtype), y), mask=valid)
 
 
@@ -90,16 +91,14 @@ def _qnorm_rope_backward(
 ):
     """De-rotate the upstream gradient, round it, then apply the RMSNorm input gradient."""
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    b, h, s, c, valid, rot, second, partner, k = _row_tile(row, rows, S, H, D, R, BLOCK)
-    x_row = x + (b * XB + h * XH + s * XS)[:, None]
-    g_row = grad + (b * GB + h * GH + s * GS)[:, None]
+    b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
 
-    r = tl.load(rstd + row, mask=row < rows)[:, None]
-    xhat = tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r
-    g = tl.load(g_row + c * GD, mask=valid).to(tl.float32)
-    g_partner = tl.load(g_row + partner * GD, mask=rot).to(tl.float32)
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
+    r = tl.load(rstd + row, mask=row_ok)[:, None]
+    xhat = tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32) * r
+    g = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + c * GD, mask=valid).to(tl.float32)
+    g_partner = swap_pairs(g, M, BLOCK)
+    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)
+    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)
 
     # Boundary 2: the de-rotated gradient is rounded to x.dtype before the RMSNorm backward.
     # first of a pair: ga*c + gb*s; second: gb*c - ga*s
@@ -111,6 +110,11 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
+def _block(dim: int, rotary: int) -> int:
+    """Channel lanes per row: D, plus the lane that aligns the pairs when D - R is odd."""
+    return dim + (dim - rotary) % 2
+
+
 def _forward(x, cos, sin, rotary, eps):
     out = token_major_empty(x)
     batch, heads, seq, dim = x.shape
@@ -118,7 +122,7 @@ def _forward(x, cos, sin, rotary, eps):
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
-    config = tile_config(dim, 2048)
+    config = tile_config(_block(dim, rotary), 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
@@ -132,7 +136,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = tile_config(dim, 4096)
+    config = tile_config(_block(dim, rotary), 1024, warps=2)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
         *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
