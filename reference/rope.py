@@ -11,7 +11,9 @@ ties included, is the exact one.
 
 Error model: an FP32 kernel computes a*c - b*s with two products and one sum, in any
 association and with or without FMA contraction; each step adds at most one FP32 rounding, so
-its pre-store value w satisfies |w - v| <= E = 2u(|a*c| + |b*s|) + T, u = 2**-24, where
+its pre-store value w satisfies |w - v| <= E = gamma_2 (|a*c| + |b*s|) + T, u = 2**-24,
+gamma_2 = 2u / (1 - 2u) (2u alone misses the second-order term: rn(rn(ac) + rn(bs)) can be off
+by 2u(|ac| + |bs|) + u**2 (|ac| + |bs|), fma(a, c, rn(bs)) by u|ac| + 2u|bs| + u**2 |bs|), where
 T = 2**-126 for each of a*c, b*s, v that is nonzero and below 2**-126 in magnitude: an FP32
 subnormal may be flushed to zero (or lose bits to gradual underflow). Exact zeros stay exact,
 and E = 0 when a*c, b*s and v are all FP32 normal numbers (every evaluation is then exact). The
@@ -29,6 +31,7 @@ import torch
 from reference.floats import U32, judge, round_down, round_nearest, round_up
 
 TINY = 2.0**-126
+GAMMA_2 = 2 * U32 / (1 - 2 * U32)  # two FP32 roundings, second-order term included
 
 
 def fp32_exact(t: torch.Tensor) -> torch.Tensor:
@@ -95,7 +98,7 @@ def rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype):
 
     def interval(p_lo, p_hi, q_lo, q_hi, sign):
         lo, hi, magnitude, terms = span(p_lo, p_hi, q_lo, q_hi, sign)
-        err = 2 * U32 * magnitude + flush_slack(*terms, lo, hi)
+        err = GAMMA_2 * magnitude + flush_slack(*terms, lo, hi)
         # When both products and the result are FP32 numbers, every evaluation order, with or
         # without FMA, is exact: no FP32 error to allow (this is what makes ties testable).
         exact = (p_lo == p_hi) & (q_lo == q_hi) & fp32_exact(p_lo) & fp32_exact(q_lo) & fp32_exact(lo)
