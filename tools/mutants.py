@@ -54,6 +54,23 @@ ROOT = Path(__file__).resolve().parent.parent
 ROPE = "src/dsrope/rope.py"
 QNORM = "src/dsrope/qnorm_rope.py"
 UTILS = "src/dsrope/rope_utils.py"
+COMMON = "src/dsrope/_common.py"
+
+
+# The QNorm kernels' partner and table lines: the table lines occur once in each kernel, so an edit of
+# one kernel's tables names it by its partner line.
+Q_FORWARD_PAIRS = (
+    "    y_partner = swap_pairs(y32, M, BLOCK)\n"
+    "    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)\n"
+    "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)\n"
+)
+Q_BACKWARD_PAIRS = Q_FORWARD_PAIRS.replace("y_partner = swap_pairs(y32", "g_partner = swap_pairs(g")
+# rotate_half pairing (qnorm.half_split_pairing): channel c's partner channel, and per-lane table loads
+Q_HALF_PARTNER = "((c - (D - R) + R // 2) % R + (D - R))"
+Q_HALF_TABLES = (
+    "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + ((c - (D - R)) % (R // 2)) * CD, mask=rot)\n"
+    "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + ((c - (D - R)) % (R // 2)) * SD, mask=rot)\n"
+)
 
 
 @dataclass(frozen=True)
@@ -76,9 +93,20 @@ CATALOG = [
         "rope.half_split_pairing",
         ROPE,
         "pairs channel j with j + R/2 (rotate_half) instead of (2k, 2k+1)",
-        ("second = (j & 1) == 1", "second = j >= ROTARY // 2"),
-        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = (j + ROTARY // 2) % ROTARY + (DIM - ROTARY)"),
-        ("    k = j // 2\n", "    k = j % (ROTARY // 2)\n"),
+        # a half-split partner is no lane neighbour: partner and table entry by per-lane loads
+        ("second = (c & 1) == 1", "second = c - (DIM - ROTARY) >= ROTARY // 2"),
+        (
+            "p = swap_pairs(a, M, BLOCK)",
+            "p = tl.load(x_row + ((c - (DIM - ROTARY) + ROTARY // 2) % ROTARY + (DIM - ROTARY)) * XD, "
+            "mask=rot).to(tl.float32)",
+        ),
+        (
+            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n"
+            "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n",
+            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + ((c - (DIM - ROTARY)) % (ROTARY // 2)) * CD, mask=rot)\n"
+            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + ((c - (DIM - ROTARY)) % (ROTARY // 2)) * SD, "
+            "mask=rot)\n",
+        ),
     ),
     mutant(
         "rope.forward_sine_sign",
@@ -111,21 +139,22 @@ CATALOG = [
         "rope.partner_next_channel",
         ROPE,
         "every lane takes the next channel as its partner (parity ignored)",
-        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = (j + 1) + (DIM - ROTARY)"),
+        # no register swap gives c + 1 on every lane: the partner as a lane load again (0 past the row)
+        ("p = swap_pairs(a, M, BLOCK)", "p = tl.load(x_row + (c + 1) * XD, mask=rot & (c + 1 < DIM)).to(tl.float32)"),
     ),
     mutant(
         "rope.leading_channels",
         ROPE,
         "rotates the leading R channels and copies the trailing D-R",
-        ("j = c - (DIM - ROTARY)", "j = c"),
-        ("rot = valid & (j >= 0)", "rot = valid & (j < ROTARY)"),
-        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = j ^ 1"),
+        ("rot = valid & (c >= DIM - ROTARY)", "rot = valid & (c < ROTARY)"),
+        ("CD, row_ok, (DIM - ROTARY) // 2,", "CD, row_ok, 0,"),
+        ("SD, row_ok, (DIM - ROTARY) // 2,", "SD, row_ok, 0,"),
     ),
     mutant(
         "rope.rotary_start_off_by_one",
         ROPE,
         "rotary lanes start at D-R+1: the first rotary channel is copied",
-        ("rot = valid & (j >= 0)", "rot = valid & (j > 0)"),
+        ("rot = valid & (c >= DIM - ROTARY)", "rot = valid & (c > DIM - ROTARY)"),
     ),
     mutant(
         "rope.rotation_on_pass_lanes",
@@ -146,10 +175,11 @@ CATALOG = [
         ("v = tl.load(x_row + c * XD, mask=valid)", "v = tl.load(x_row + c, mask=valid)"),
     ),
     mutant(
-        "rope.partner_channel_stride_ignored",
+        "rope.sin_channel_stride_ignored",
         ROPE,
-        "the pair partner is loaded assuming channel stride 1",
-        ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
+        "sin's last-dim stride assumed 1 (replaces partner_channel_stride_ignored: the partner is now a register "
+        "swap of the one strided x tile, with no load or stride of its own; the per-pair loads are the table's)",
+        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * SB + s * SS, 1,"),
     ),
     mutant(
         "rope.contiguous_strides_assumed",
@@ -161,25 +191,46 @@ CATALOG = [
         "rope.cos_batch_stride_ignored",
         ROPE,
         "cos read without its batch stride (assumes expand)",
-        ("tl.load(cos + (b * CB + s * CS)", "tl.load(cos + (s * CS)"),
+        ("pair_table(cos, b * CB + s * CS,", "pair_table(cos, s * CS,"),
     ),
     mutant(
         "rope.sin_read_with_cos_strides",
         ROPE,
         "sin read through cos's strides",
-        ("sin + (b * SB + s * SS)[:, None] + k * SD", "sin + (b * CB + s * CS)[:, None] + k * CD"),
+        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * CB + s * CS, CD,"),
     ),
     mutant(
         "rope.table_channel_stride_ignored",
         ROPE,
         "cos's last-dim stride assumed 1",
-        ("[:, None] + k * CD, mask=rot)", "[:, None] + k, mask=rot)"),
+        ("pair_table(cos, b * CB + s * CS, CD,", "pair_table(cos, b * CB + s * CS, 1,"),
     ),
     mutant(
         "rope.table_index_per_channel",
         ROPE,
         "lane j reads table entry j (a repeat-interleaved [R] table), not pair j // 2",
-        ("    k = j // 2\n", "    k = j\n"),
+        (
+            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n"
+            "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n",
+            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + (c - (DIM - ROTARY)) * CD, mask=rot)\n"
+            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + (c - (DIM - ROTARY)) * SD, mask=rot)\n",
+        ),
+    ),
+    mutant(
+        "rope.first_pair_in_channels",
+        ROPE,
+        "pair_table's first rotary pair given in channels (D-R) instead of pairs ((D-R)/2)",
+        ("CD, row_ok, (DIM - ROTARY) // 2,", "CD, row_ok, DIM - ROTARY,"),
+        ("SD, row_ok, (DIM - ROTARY) // 2,", "SD, row_ok, DIM - ROTARY,"),
+    ),
+    mutant(
+        "rope.pair_count_in_channels",
+        ROPE,
+        "pair_table's pair count given in channels (R) instead of pairs (R/2)",
+        ("(DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n    sn", "(DIM - ROTARY) // 2, ROTARY, M, BLOCK)\n    sn"),
+        ("(DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n    if", "(DIM - ROTARY) // 2, ROTARY, M, BLOCK)\n    if"),
+        equivalent="the extra pairs k in [R/2, R) lie on lanes 2i >= D (i = k + (D-R)/2), which are not valid: "
+        "their entries (inside the [.., R] table row, so no read out of bounds) are loaded and never stored.",
     ),
     mutant(
         "rope.cos_sin_swapped",
@@ -194,8 +245,14 @@ CATALOG = [
         "rope.table_rounded_to_dtype",
         ROPE,
         "cos/sin rounded to x.dtype before the rotation (table precision)",
-        ("k * CD, mask=rot)\n", "k * CD, mask=rot).to(x.dtype.element_ty).to(tl.float32)\n"),
-        ("k * SD, mask=rot)\n", "k * SD, mask=rot).to(x.dtype.element_ty).to(tl.float32)\n"),
+        (
+            "ROTARY // 2, M, BLOCK)\n    sn = pair_table(",
+            "ROTARY // 2, M, BLOCK).to(x.dtype.element_ty).to(tl.float32)\n    sn = pair_table(",
+        ),
+        (
+            "ROTARY // 2, M, BLOCK)\n    if INVERSE",
+            "ROTARY // 2, M, BLOCK).to(x.dtype.element_ty).to(tl.float32)\n    if INVERSE",
+        ),
     ),
     mutant(
         "rope.storage_offset_ignored",
@@ -277,15 +334,34 @@ CATALOG = [
         "qnorm.half_split_pairing",
         QNORM,
         "pairs channel j with j + R/2 (rotate_half), forward and backward",
-        ("second = (j & 1) == 1", "second = j >= R // 2"),
-        ("partner = (j ^ 1) + (D - R)", "partner = (j + R // 2) % R + (D - R)"),
-        ("rot, second, partner, j // 2", "rot, second, partner, j % (R // 2)"),
+        # a half-split partner is no lane neighbour: partner and table entry by per-lane loads
+        ("second = (lane & 1) == 1", "second = c - (D - R) >= R // 2"),
+        (
+            Q_FORWARD_PAIRS,
+            f"    y_partner = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + {Q_HALF_PARTNER} * XD, mask=rot)"
+            ".to(tl.float32) * r[:, None]).to(dtype).to(tl.float32)\n" + Q_HALF_TABLES,
+        ),
+        (
+            Q_BACKWARD_PAIRS,
+            f"    g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + {Q_HALF_PARTNER} * GD, mask=rot)"
+            ".to(tl.float32)\n" + Q_HALF_TABLES,
+        ),
     ),
     mutant(
         "qnorm.partner_next_channel",
         QNORM,
         "every lane takes the next channel as its partner (parity ignored)",
-        ("partner = (j ^ 1) + (D - R)", "partner = (j + 1) + (D - R)"),
+        # no register swap gives c + 1 on every lane: the partner as a lane load again (0 past the row)
+        (
+            "y_partner = swap_pairs(y32, M, BLOCK)",
+            "y_partner = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + (c + 1) * XD, mask=rot & (c + 1 < D))"
+            ".to(tl.float32) * r[:, None]).to(dtype).to(tl.float32)",
+        ),
+        (
+            "g_partner = swap_pairs(g, M, BLOCK)",
+            "g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + (c + 1) * GD, mask=rot & (c + 1 < D))"
+            ".to(tl.float32)",
+        ),
     ),
     mutant(
         "qnorm.forward_sine_sign",
@@ -303,36 +379,62 @@ CATALOG = [
         "qnorm.leading_channels",
         QNORM,
         "rotates the leading R channels, passes the trailing D-R",
-        ("j = c - (D - R)", "j = c"),
-        ("rot = valid & (j >= 0)", "rot = valid & (j < R)"),
-        ("partner = (j ^ 1) + (D - R)", "partner = j ^ 1"),
+        # the leading pairs start at channel 0: aligned without a shift
+        ("shift = (D - R) % 2  # constexpr", "shift = 0  # constexpr"),
+        ("rot = valid & (c >= D - R)", "rot = valid & (c < R)"),
+        ("second, (D - R + shift) // 2", "second, 0"),
     ),
     mutant(
         "qnorm.rotary_start_off_by_one",
         QNORM,
         "rotary lanes start at D-R+1: the first rotary channel is not rotated",
-        ("rot = valid & (j >= 0)", "rot = valid & (j > 0)"),
+        ("rot = valid & (c >= D - R)", "rot = valid & (c > D - R)"),
+    ),
+    mutant(
+        "qnorm.shift_dropped",
+        QNORM,
+        "no lane shift for odd D - R: rotary pairs straddle the lane pairs (2i, 2i+1)",
+        ("shift = (D - R) % 2  # constexpr", "shift = 0  # constexpr"),
+    ),
+    mutant(
+        "qnorm.shift_lane_not_masked",
+        QNORM,
+        "the shift lane (c = -1, odd D - R) is not masked: it reads, sums and writes the channel before the row",
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = row_ok[:, None] & (c < D)"),
+    ),
+    mutant(
+        "qnorm.second_parity_from_channel",
+        QNORM,
+        "a lane's place in its pair from the channel's parity, not the lane's: the same for even D - R (c = lane), "
+        "every rotary sign flipped for odd D - R (c = lane - 1)",
+        ("second = (lane & 1) == 1", "second = (c & 1) == 1"),
+    ),
+    mutant(
+        "qnorm.first_pair_without_shift",
+        QNORM,
+        "the first rotary lane pair (D - R) // 2 without the shift: one pair early for odd D - R",
+        ("second, (D - R + shift) // 2", "second, (D - R) // 2"),
     ),
     mutant(
         "qnorm.boundary1_dropped",
         QNORM,
         "boundary 1 dropped: FP32 kept from the norm through the rotation",
-        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
-        ("rotated = y.to(tl.float32) * cs", "rotated = v * r[:, None] * cs"),
+        ("y32 = y.to(tl.float32)", "y32 = v * r[:, None]"),
     ),
     mutant(
         "qnorm.boundary1_dropped_on_partner",
         QNORM,
         "boundary 1 applied to the lane but not to its pair partner",
-        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
+        ("y_partner = swap_pairs(y32, M, BLOCK)", "y_partner = swap_pairs(v * r[:, None], M, BLOCK)"),
     ),
     mutant(
         "qnorm.boundary1_moved_before_norm",
         QNORM,
         "boundary 1 moved: x rotated and rounded first, then normalized (rotate-then-normalize)",
         (
-            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "rotated = (v * cs + tl.where(second, p, -p) * sn).to(dtype).to(tl.float32) * r[:, None]",
+            "rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn",
+            "p = swap_pairs(v, M, BLOCK)\n"
+            "    rotated = (v * cs + tl.where(second, p, -p) * sn).to(dtype).to(tl.float32) * r[:, None]",
         ),
     ),
     mutant(
@@ -340,8 +442,8 @@ CATALOG = [
         QNORM,
         "an extra rounding in the rotation: each product rounded to x.dtype",
         (
-            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "rotated = (y.to(tl.float32) * cs).to(dtype).to(tl.float32) + "
+            "rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn",
+            "rotated = (y32 * cs).to(dtype).to(tl.float32) + "
             "(tl.where(second, y_partner, -y_partner) * sn).to(dtype).to(tl.float32)",
         ),
     ),
@@ -349,11 +451,8 @@ CATALOG = [
         "qnorm.boundary1_truncates",
         QNORM,
         "boundary 1 rounds by truncation (rtz)",
+        # the partner is swapped from the rounded row, so the one rounding covers both lanes
         ("y = (v * r[:, None]).to(dtype)", 'y = (v * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
-        (
-            "y_partner = (p * r[:, None]).to(dtype)",
-            'y_partner = (p * r[:, None]).to(dtype, fp_downcast_rounding="rtz")',
-        ),
     ),
     mutant(
         "qnorm.rstd_rounded_to_dtype",
@@ -459,8 +558,8 @@ CATALOG = [
         "qnorm.rstd_head_major",
         QNORM,
         "rstd stored (and read back) in head-major row order (b*H + h)*S + s",
-        ("tl.store(rstd + row, r, mask=row < rows)", "tl.store(rstd + (b * H + h) * S + s, r, mask=row < rows)"),
-        ("r = tl.load(rstd + row, mask=row < rows)", "r = tl.load(rstd + (b * H + h) * S + s, mask=row < rows)"),
+        ("tl.store(rstd + row, r, mask=row_ok)", "tl.store(rstd + (b * H + h) * S + s, r, mask=row_ok)"),
+        ("r = tl.load(rstd + row, mask=row_ok)", "r = tl.load(rstd + (b * H + h) * S + s, mask=row_ok)"),
     ),
     mutant(
         "qnorm.backward_no_mean_term",
@@ -494,8 +593,9 @@ CATALOG = [
         QNORM,
         "backward uses the rounded normalized row rnd(x*r) instead of x*r",
         (
-            "xhat = tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r",
-            "xhat = (tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r).to(out.dtype.element_ty).to(tl.float32)",
+            "xhat = tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32) * r",
+            "xhat = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32) * r)"
+            ".to(out.dtype.element_ty).to(tl.float32)",
         ),
     ),
     mutant(
@@ -514,8 +614,7 @@ CATALOG = [
         "qnorm.gradient_channel_stride_ignored",
         QNORM,
         "gradient loads assume channel stride 1 (the .sum() gradient has 0)",
-        ("g = tl.load(g_row + c * GD", "g = tl.load(g_row + c"),
-        ("g_partner = tl.load(g_row + partner * GD", "g_partner = tl.load(g_row + partner"),
+        ("[:, None] + c * GD, mask=valid)", "[:, None] + c, mask=valid)"),
     ),
     mutant(
         "qnorm.storage_offset_ignored",
@@ -539,50 +638,39 @@ CATALOG = [
         "qnorm.head_seq_strides_swapped",
         QNORM,
         "forward reads x with head and sequence strides swapped",
-        (
-            "x_row = x + (b * XB + h * XH + s * XS)[:, None]\n    # Upcast",
-            "x_row = x + (b * XB + h * XS + s * XH)[:, None]\n    # Upcast",
-        ),
+        ("v = tl.load(x + (b * XB + h * XH + s * XS)", "v = tl.load(x + (b * XB + h * XS + s * XH)"),
     ),
     mutant(
-        "qnorm.partner_channel_stride_ignored",
+        "qnorm.forward_table_channel_stride_ignored",
         QNORM,
-        "forward loads the pair partner assuming channel stride 1",
-        ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
+        "forward reads cos/sin assuming last-dim stride 1 (replaces partner_channel_stride_ignored: the partner is "
+        "now a register swap of the one strided x tile, with no load or stride of its own; the per-pair loads are "
+        "the table's)",
+        (Q_FORWARD_PAIRS, Q_FORWARD_PAIRS.replace("CS, CD,", "CS, 1,").replace("SS, SD,", "SS, 1,")),
     ),
     mutant(
         "qnorm.cos_batch_stride_ignored",
         QNORM,
         "forward reads cos/sin without their batch stride (assumes expand)",
-        (
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)\n    # first of a pair: ya",
-            "    cs = tl.load(cos + (s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (s * SS)[:, None] + k * SD, mask=rot)\n    # first of a pair: ya",
-        ),
+        (Q_FORWARD_PAIRS, Q_FORWARD_PAIRS.replace("b * CB + s * CS", "s * CS").replace("b * SB + s * SS", "s * SS")),
     ),
     mutant(
         "qnorm.backward_table_channel_stride_ignored",
         QNORM,
         "backward reads cos/sin assuming last-dim stride 1",
-        (
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)\n\n",
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k, mask=rot)\n\n",
-        ),
+        (Q_BACKWARD_PAIRS, Q_BACKWARD_PAIRS.replace("CS, CD,", "CS, 1,").replace("SS, SD,", "SS, 1,")),
     ),
     mutant(
         "qnorm.channel_mask_long",
         QNORM,
         "channel mask c <= D: the next row's first channel joins the sum",
-        ("valid = row_ok[:, None] & (c < D)", "valid = row_ok[:, None] & (c <= D)"),
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = row_ok[:, None] & (c >= 0) & (c <= D)"),
     ),
     mutant(
         "qnorm.row_mask_missing",
         QNORM,
         "no row mask on the tile: the last block reads and writes past the tensors",
-        ("valid = row_ok[:, None] & (c < D)", "valid = (c < D) & (row >= 0)[:, None]"),
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = (c >= 0) & (c < D) & (row >= 0)[:, None]"),
     ),
     mutant(
         "qnorm.head_major_output",
@@ -609,6 +697,15 @@ CATALOG = [
             "    out = torch.empty_like(x)\n    batch, heads, seq, dim = x.shape\n"
             "    rows = batch * seq * heads\n    if",
         ),
+    ),
+    mutant(
+        "qnorm.block_without_shift_lane",
+        QNORM,
+        "the launchers size the channel tile for D lanes, without the shift lane of odd D - R",
+        ("return dim + (dim - rotary) % 2", "return dim"),
+        equivalent="D - R odd means D odd (R is even, checked) and D >= 3, which is no power of two, so "
+        "next_pow2(D) >= D + 1 and next_pow2(D) = next_pow2(D + 1); tile_config sees its dim only through "
+        "next_pow2, so M, BLOCK and the warps are the same.",
     ),
     mutant(
         "qnorm.rsqrt_as_division",
@@ -639,6 +736,49 @@ CATALOG = [
             'RMSNorm input gradient."""\n    row = tl.program_id(0) * M',
         ),
         gpu_only=True,
+    ),
+    # ---- src/dsrope/_common.py: swap_pairs, pair_table (both kernels) ----------------------------
+    mutant(
+        "common.swap_pairs_unswapped",
+        COMMON,
+        "swap_pairs joins the halves back in order, join(first, second): the tile comes back unswapped and "
+        "every lane is its own partner",
+        ("tl.join(second, first)", "tl.join(first, second)"),
+    ),
+    mutant(
+        "common.swap_pairs_second_kept",
+        COMMON,
+        "swap_pairs joins (second, second): the first lane gets its partner, the second lane itself",
+        ("tl.join(second, first)", "tl.join(second, second)"),
+    ),
+    mutant(
+        "common.pair_table_first_off_by_one",
+        COMMON,
+        "pair_table counts pairs from FIRST - 1: every rotary pair gets the next pair's entry, the last 0",
+        ("[None, :] - FIRST", "[None, :] - FIRST + 1"),
+    ),
+    mutant(
+        "common.pair_table_second_lane_next_entry",
+        COMMON,
+        "pair_table gives the second lane of pair k entry k + 1 (per-lane indexing slip; 0 past the last pair)",
+        (
+            "    return tl.reshape(tl.join(entry, entry), (M, BLOCK))",
+            "    k1 = k + 1\n"
+            "    nxt = tl.load(table + row_offset[:, None] + k1 * stride, "
+            "mask=row_ok[:, None] & (k1 >= 0) & (k1 < PAIRS), other=0.0)\n"
+            "    return tl.reshape(tl.join(entry, nxt), (M, BLOCK))",
+        ),
+    ),
+    mutant(
+        "common.pair_table_no_other",
+        COMMON,
+        "pair_table's masked loads without other=0.0 (masked lanes undefined)",
+        ("(k < PAIRS), other=0.0)", "(k < PAIRS))"),
+        equivalent="a lane where pair_table's mask is off is in a row past `rows` (every store of that row, rstd "
+        "included, is masked and the row sums are per row) or outside 0 <= k < R/2, which holds only off the "
+        "rotary lanes (a rotary lane has k = (c - (D - R)) // 2 in [0, R/2)); there both kernels select the "
+        "unrotated value with tl.where(rot, ...), a select that never reads the other operand's value, and the "
+        "load itself touches no memory on a masked lane.",
     ),
     # ---- src/dsrope/rope_utils.py: frequencies, tables, pairings, q/k with cu_seqlens and cp ------
     mutant(
@@ -769,7 +909,12 @@ CATALOG = [
 ]
 
 # Test files that exercise each source file: run first, so a mutant dies early.
-HOME = {ROPE: ("test_rope.py",), QNORM: ("test_qnorm_rope.py",), UTILS: ("test_rope_utils.py",)}
+HOME = {
+    ROPE: ("test_rope.py",),
+    QNORM: ("test_qnorm_rope.py",),
+    UTILS: ("test_rope_utils.py",),
+    COMMON: ("test_rope.py", "test_qnorm_rope.py"),  # swap_pairs and pair_table serve both kernels
+}
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
 
