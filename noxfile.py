@@ -60,8 +60,10 @@ def gpu_tests(session: nox.Session) -> None:
     try:
         session.run("python", "-c", probe, silent=True)
     except nox.command.CommandFailed:
-        session.error("gpu-tests needs a visible CUDA device (torch.cuda.is_available() is False); "
-                      "on a CPU machine run `nox -s tests`")
+        session.error(
+            "gpu-tests needs a visible CUDA device (torch.cuda.is_available() is False); "
+            "on a CPU machine run `nox -s tests`"
+        )
     junit = ROOT / "out" / "gpu-junit.xml"
     junit.parent.mkdir(exist_ok=True)
     env = {
@@ -91,8 +93,19 @@ def cuda_session_env() -> dict:
 def sanitize(session: nox.Session) -> None:
     """compute-sanitizer memcheck over representative launches (CUDA host; zero errors to pass)."""
     env = cuda_session_env() | {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    session.run("compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1", "--leak-check", "no",
-                "python", "tools/sanitize_launches.py", external=True, env=env)
+    session.run(
+        "compute-sanitizer",
+        "--tool",
+        "memcheck",
+        "--error-exitcode",
+        "1",
+        "--leak-check",
+        "no",
+        "python",
+        "tools/sanitize_launches.py",
+        external=True,
+        env=env,
+    )
 
 
 @nox.session(venv_backend="none")

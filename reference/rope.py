@@ -83,6 +83,7 @@ def rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype):
     The exact rotation is linear in a and b, so its range over the box is reached at the box's
     corners; the kernel's own FP32 error E (module docstring) widens it on both sides.
     """
+
     def span(p_lo, p_hi, q_lo, q_hi, sign):
         """Range of p + sign*q over the corners, and the sum of the magnitudes for E."""
         p = torch.minimum(p_lo, p_hi), torch.maximum(p_lo, p_hi)

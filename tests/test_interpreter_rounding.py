@@ -41,8 +41,9 @@ def fp32_samples():
     # every tie: low 16 bits exactly 0x8000, with even and odd high halves; and their neighbours
     high = rng.integers(0, 1 << 16, 4096, dtype=np.uint64).astype(np.uint32) << 16
     ties = np.concatenate([high | 0x8000, high | 0x7FFF, high | 0x8001])
-    special = np.array([0x7F7FFFFF, 0x7F7F8000, 0xFF7F8000, 0x00000001, 0x80008000, 0x7FC00001, 0x7F800000],
-                       dtype=np.uint32)
+    special = np.array(
+        [0x7F7FFFFF, 0x7F7F8000, 0xFF7F8000, 0x00000001, 0x80008000, 0x7FC00001, 0x7F800000], dtype=np.uint32
+    )
     return np.concatenate([bits, ties, special]).view(np.float32)
 
 

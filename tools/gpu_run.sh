@@ -20,26 +20,39 @@ for phase in "$@"; do
     tests-core) timeout 330 python3 -m nox -s gpu-tests -- -q -rfE --durations=10 tests/test_rope.py tests/test_qnorm_rope.py tests/test_gpu.py tests/test_gpu_pinning.py ;;
     tests) timeout 560 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 ;;
     tests-n2) timeout 560 python3 -m nox -s gpu-tests -- -n 2 -q -rfE ;;
-    sweep) timeout 300 python3 tools/sweep.py ;;
+    sweep) timeout 170 python3 tools/sweep.py --out "$OUT/sweep" --baseline sweep_baseline ;;
+    # Nsight Compute on one launch each: the QNorm backward (token- and head-major input), the
+    # forward on a head-major input, and the earlier backward kernel (sweep_baseline/) if present
+    ncu)
+      sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
+      for spec in "qnorm_bwd token_major 2 2" "qnorm_bwd head_major 2 2" "qnorm_fwd head_major 4 1" "rope head_major 2 1"; do
+        echo "== ncu $spec"; timeout 120 ncu --clock-control none $sections -k regex:"qnorm_rope|_rotate" --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one $spec
+      done
+      if [ -d sweep_baseline ]; then
+        echo "== ncu baseline qnorm_bwd token_major 8 1"
+        timeout 120 ncu --clock-control none $sections -k regex:qnorm_rope --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one qnorm_bwd token_major 8 1 --baseline sweep_baseline
+      fi ;;
     snapshot) timeout 300 python3 -m tools.golden --update-snapshot && cp golden/snapshots/nvidia-h200-* "$OUT/" ;;
     verify) timeout 300 python3 -m tools.verify --out "$OUT/verify" && rm -f "$OUT/verify/report.json" ;;
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
     bench) timeout 240 python3 -m nox -s bench -- --out "$OUT/bench" ;;
-    # the correctness phases in parallel (none of them times anything), logs folded into run.log
+    # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
+    # it; `git diff golden/snapshots` then shows what changed), then the suite, memcheck and verify
+    # run in parallel (none of them times anything); logs folded into run.log.
     gate)
-      (timeout 330 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      timeout 120 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
+      cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
+      (timeout 450 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
       (timeout 200 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
-      (timeout 300 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
-       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
-       timeout 300 python3 -m tools.verify --out "$OUT/verify" >> "$OUT/g.log" 2>&1; echo "verify rc $?" >> "$OUT/g.log"
+      (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
       if [ -n "${MUTANTS_GPU:-}" ]; then
         (timeout 420 python3 -m nox -s mutants -- --gpu > "$OUT/m.log" 2>&1; echo "mutants-gpu rc $?" >> "$OUT/m.log") &
       fi
       wait
-      for f in t s g m; do [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; }; done ;;
+      for f in g t s v m; do [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; }; done ;;
     *) echo "unknown phase $phase" ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"

@@ -9,8 +9,10 @@ Keeping FP32 across either boundary computes a different function (SPEC.md).
 
 Rows are walked in token-major order, row = (b*S + s)*H + h; `rstd` is saved in that order.
 Each row is one contiguous tile of channels, loaded and stored once (masked, so D and R/2 need not
-be powers of two and D may be odd); a rotary lane takes its pair partner from the neighbouring lane
-in registers and its table entry from one load per pair.
+be powers of two and D may be odd). A rotary lane needs its pair partner and its table entry: the
+forward loads them per lane (same cache lines); the backward, which moves three tensors and needs
+the registers, takes the partner from the neighbouring lane in registers and the table entry from
+one load per pair (docs/perf.md: backward 0.92 -> 1.04 of copy bandwidth on the H200).
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, B
     """Coordinates of M token-major rows and the lanes of their channel tile.
 
     Lane l holds channel c = l - SHIFT, SHIFT = (D - R) % 2: every rotary pair then sits on the
-    aligned lanes (2i, 2i+1), so a lane's partner is its neighbour in registers (swap_pairs) and
-    pair k's table entry is read once (pair_table). D itself may be odd (SHIFT = 1).
+    aligned lanes (2i, 2i+1) (what the backward's swap_pairs and pair_table need; the second
+    channel of a pair is on an odd lane). D itself may be odd (SHIFT = 1).
     """
     shift = (D - R) % 2  # constexpr
     row_ok = row < rows
@@ -64,8 +66,9 @@ def _qnorm_rope(
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
     b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
+    x_row = x + (b * XB + h * XH + s * XS)[:, None]
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    v = tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32)
+    v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
 
     r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)
     tl.store(rstd + row, r, mask=row_ok)
@@ -73,12 +76,17 @@ def _qnorm_rope(
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
     y = (v * r[:, None]).to(dtype)
-    y32 = y.to(tl.float32)
-    y_partner = swap_pairs(y32, M, BLOCK)
-    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)
-    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)
+    # Partner and table entry per lane from memory (same cache lines): the backward's register swap
+    # measured no faster here (docs/perf.md), and in partial RoPE it failed the layout property on
+    # the H200 where this form passed (docs/gpu-runs.md), so the forward keeps this form.
+    j = c - (D - R)  # position in the rotary slice
+    partner = (j ^ 1) + (D - R)
+    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    y_partner = (p * r[:, None]).to(dtype).to(tl.float32)
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + (j // 2) * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + (j // 2) * SD, mask=rot)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
-    rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn
+    rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn
     tl.store(out + (row * D)[:, None] + c, tl.where(rot, rotated.to(dtype), y), mask=valid)
 
 

@@ -16,8 +16,6 @@ from dsrope._common import (
     check_rotary,
     check_table,
     check_x,
-    pair_table,
-    swap_pairs,
     tile_config,
     token_major_empty,
 )
@@ -32,10 +30,9 @@ def _rotate(
 ):
     """Rotate M rows of x [B, H, S, D] into token-major storage `out` [B, S, H, D].
 
-    Each row is one contiguous tile of channels, loaded and stored once (vectorized); a rotary
-    lane takes its pair partner from the neighbouring lane in registers (swap_pairs) and its
-    table entry from one contiguous load per pair (pair_table). INVERSE negates the sine: the
-    backward is the same kernel.
+    Each row is one contiguous tile of channels; a rotary lane also loads its pair partner
+    (channel c ^ 1 within the rotary slice, same cache lines), so loads and stores stay
+    contiguous. INVERSE negates the sine: the backward is the same kernel.
     """
     # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -49,15 +46,19 @@ def _rotate(
 
     c = tl.arange(0, BLOCK).to(tl.int64)[None, :]
     valid = row_ok[:, None] & (c < DIM)
-    # DIM and ROTARY are even, so rotary pair k sits on the aligned lanes (2i, 2i+1), i = k + (D-R)/2
-    rot = valid & (c >= DIM - ROTARY)
-    second = (c & 1) == 1  # second channel of its pair
+    j = c - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
+    rot = valid & (j >= 0)
+    second = (j & 1) == 1  # second channel of its pair
+    # j ^ 1 is the partner's position; a select between c - 1 and c + 1 made the compiler treat
+    # the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
+    partner = (j ^ 1) + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     v = tl.load(x_row + c * XD, mask=valid)
     a = v.to(tl.float32)
-    p = swap_pairs(a, M, BLOCK)
-    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)
-    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)
+    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    k = j // 2
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
         sn = -sn
     # first of a pair: a*c - b*s; second: b*c + a*s
