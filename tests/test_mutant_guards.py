@@ -13,12 +13,11 @@ too (D = 21, R = 8), where lane 0 is the shift lane with no channel (c = -1) and
 first). Inputs are slices from the middle of larger buffers, so the reads such a fault makes, before
 or past the end, stay inside memory the test owns.
 
-Tables through their own strides (mutants rope.sin_read_with_cos_strides, rope.sin_channel_stride_ignored,
-qnorm.cos_batch_stride_ignored, qnorm.forward_table_channel_stride_ignored,
-qnorm.backward_table_channel_stride_ignored): cos and sin with per-batch values and two different
-layouts, neither with channel stride 1. Elsewhere the QNorm tests use only broadcast contiguous
-tables and every sin shares cos's layout: those faults were caught only by two golden cases and,
-for sin, by the property suite after minutes.
+Tables through their own strides (mutants rope.sin_read_with_cos_strides, qnorm.cos_batch_stride_ignored,
+qnorm.forward_table_channel_stride_ignored, qnorm.backward_table_channel_stride_ignored): cos and sin
+with per-batch values and two different layouts, neither with channel stride 1. Elsewhere the QNorm
+tests use only broadcast contiguous tables and every sin shares cos's layout: those faults were
+caught only by two golden cases and, for sin, by the property suite after minutes.
 """
 
 from __future__ import annotations

@@ -57,15 +57,15 @@ UTILS = "src/dsrope/rope_utils.py"
 COMMON = "src/dsrope/_common.py"
 
 
-# The QNorm kernels' partner and table lines: the table lines occur once in each kernel, so an edit of
-# one kernel's tables names it by its partner line.
-Q_FORWARD_PAIRS = (
-    "    y_partner = swap_pairs(y32, M, BLOCK)\n"
+# The QNorm backward's partner and table lines (register swap and one table load per pair; the forward
+# loads partner and table entry per lane).
+Q_BACKWARD_PAIRS = (
+    "    g_partner = swap_pairs(g, M, BLOCK)\n"
     "    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)\n"
     "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)\n"
 )
-Q_BACKWARD_PAIRS = Q_FORWARD_PAIRS.replace("y_partner = swap_pairs(y32", "g_partner = swap_pairs(g")
-# rotate_half pairing (qnorm.half_split_pairing): channel c's partner channel, and per-lane table loads
+# rotate_half pairing in the backward (qnorm.half_split_pairing): channel c's partner channel, and
+# per-lane table loads
 Q_HALF_PARTNER = "((c - (D - R) + R // 2) % R + (D - R))"
 Q_HALF_TABLES = (
     "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + ((c - (D - R)) % (R // 2)) * CD, mask=rot)\n"
@@ -93,20 +93,9 @@ CATALOG = [
         "rope.half_split_pairing",
         ROPE,
         "pairs channel j with j + R/2 (rotate_half) instead of (2k, 2k+1)",
-        # a half-split partner is no lane neighbour: partner and table entry by per-lane loads
-        ("second = (c & 1) == 1", "second = c - (DIM - ROTARY) >= ROTARY // 2"),
-        (
-            "p = swap_pairs(a, M, BLOCK)",
-            "p = tl.load(x_row + ((c - (DIM - ROTARY) + ROTARY // 2) % ROTARY + (DIM - ROTARY)) * XD, "
-            "mask=rot).to(tl.float32)",
-        ),
-        (
-            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n"
-            "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n",
-            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + ((c - (DIM - ROTARY)) % (ROTARY // 2)) * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + ((c - (DIM - ROTARY)) % (ROTARY // 2)) * SD, "
-            "mask=rot)\n",
-        ),
+        ("second = (j & 1) == 1", "second = j >= ROTARY // 2"),
+        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = (j + ROTARY // 2) % ROTARY + (DIM - ROTARY)"),
+        ("    k = j // 2\n", "    k = j % (ROTARY // 2)\n"),
     ),
     mutant(
         "rope.forward_sine_sign",
@@ -139,22 +128,21 @@ CATALOG = [
         "rope.partner_next_channel",
         ROPE,
         "every lane takes the next channel as its partner (parity ignored)",
-        # no register swap gives c + 1 on every lane: the partner as a lane load again (0 past the row)
-        ("p = swap_pairs(a, M, BLOCK)", "p = tl.load(x_row + (c + 1) * XD, mask=rot & (c + 1 < DIM)).to(tl.float32)"),
+        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = (j + 1) + (DIM - ROTARY)"),
     ),
     mutant(
         "rope.leading_channels",
         ROPE,
         "rotates the leading R channels and copies the trailing D-R",
-        ("rot = valid & (c >= DIM - ROTARY)", "rot = valid & (c < ROTARY)"),
-        ("CD, row_ok, (DIM - ROTARY) // 2,", "CD, row_ok, 0,"),
-        ("SD, row_ok, (DIM - ROTARY) // 2,", "SD, row_ok, 0,"),
+        ("j = c - (DIM - ROTARY)", "j = c"),
+        ("rot = valid & (j >= 0)", "rot = valid & (j < ROTARY)"),
+        ("partner = (j ^ 1) + (DIM - ROTARY)", "partner = j ^ 1"),
     ),
     mutant(
         "rope.rotary_start_off_by_one",
         ROPE,
         "rotary lanes start at D-R+1: the first rotary channel is copied",
-        ("rot = valid & (c >= DIM - ROTARY)", "rot = valid & (c > DIM - ROTARY)"),
+        ("rot = valid & (j >= 0)", "rot = valid & (j > 0)"),
     ),
     mutant(
         "rope.rotation_on_pass_lanes",
@@ -175,11 +163,10 @@ CATALOG = [
         ("v = tl.load(x_row + c * XD, mask=valid)", "v = tl.load(x_row + c, mask=valid)"),
     ),
     mutant(
-        "rope.sin_channel_stride_ignored",
+        "rope.partner_channel_stride_ignored",
         ROPE,
-        "sin's last-dim stride assumed 1 (replaces partner_channel_stride_ignored: the partner is now a register "
-        "swap of the one strided x tile, with no load or stride of its own; the per-pair loads are the table's)",
-        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * SB + s * SS, 1,"),
+        "the pair partner is loaded assuming channel stride 1",
+        ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
     ),
     mutant(
         "rope.contiguous_strides_assumed",
@@ -191,46 +178,25 @@ CATALOG = [
         "rope.cos_batch_stride_ignored",
         ROPE,
         "cos read without its batch stride (assumes expand)",
-        ("pair_table(cos, b * CB + s * CS,", "pair_table(cos, s * CS,"),
+        ("tl.load(cos + (b * CB + s * CS)", "tl.load(cos + (s * CS)"),
     ),
     mutant(
         "rope.sin_read_with_cos_strides",
         ROPE,
         "sin read through cos's strides",
-        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * CB + s * CS, CD,"),
+        ("sin + (b * SB + s * SS)[:, None] + k * SD", "sin + (b * CB + s * CS)[:, None] + k * CD"),
     ),
     mutant(
         "rope.table_channel_stride_ignored",
         ROPE,
         "cos's last-dim stride assumed 1",
-        ("pair_table(cos, b * CB + s * CS, CD,", "pair_table(cos, b * CB + s * CS, 1,"),
+        ("[:, None] + k * CD, mask=rot)", "[:, None] + k, mask=rot)"),
     ),
     mutant(
         "rope.table_index_per_channel",
         ROPE,
         "lane j reads table entry j (a repeat-interleaved [R] table), not pair j // 2",
-        (
-            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n"
-            "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, (DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n",
-            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + (c - (DIM - ROTARY)) * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + (c - (DIM - ROTARY)) * SD, mask=rot)\n",
-        ),
-    ),
-    mutant(
-        "rope.first_pair_in_channels",
-        ROPE,
-        "pair_table's first rotary pair given in channels (D-R) instead of pairs ((D-R)/2)",
-        ("CD, row_ok, (DIM - ROTARY) // 2,", "CD, row_ok, DIM - ROTARY,"),
-        ("SD, row_ok, (DIM - ROTARY) // 2,", "SD, row_ok, DIM - ROTARY,"),
-    ),
-    mutant(
-        "rope.pair_count_in_channels",
-        ROPE,
-        "pair_table's pair count given in channels (R) instead of pairs (R/2)",
-        ("(DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n    sn", "(DIM - ROTARY) // 2, ROTARY, M, BLOCK)\n    sn"),
-        ("(DIM - ROTARY) // 2, ROTARY // 2, M, BLOCK)\n    if", "(DIM - ROTARY) // 2, ROTARY, M, BLOCK)\n    if"),
-        equivalent="the extra pairs k in [R/2, R) lie on lanes 2i >= D (i = k + (D-R)/2), which are not valid: "
-        "their entries (inside the [.., R] table row, so no read out of bounds) are loaded and never stored.",
+        ("    k = j // 2\n", "    k = j\n"),
     ),
     mutant(
         "rope.cos_sin_swapped",
@@ -245,14 +211,8 @@ CATALOG = [
         "rope.table_rounded_to_dtype",
         ROPE,
         "cos/sin rounded to x.dtype before the rotation (table precision)",
-        (
-            "ROTARY // 2, M, BLOCK)\n    sn = pair_table(",
-            "ROTARY // 2, M, BLOCK).to(x.dtype.element_ty).to(tl.float32)\n    sn = pair_table(",
-        ),
-        (
-            "ROTARY // 2, M, BLOCK)\n    if INVERSE",
-            "ROTARY // 2, M, BLOCK).to(x.dtype.element_ty).to(tl.float32)\n    if INVERSE",
-        ),
+        ("k * CD, mask=rot)\n", "k * CD, mask=rot).to(x.dtype.element_ty).to(tl.float32)\n"),
+        ("k * SD, mask=rot)\n", "k * SD, mask=rot).to(x.dtype.element_ty).to(tl.float32)\n"),
     ),
     mutant(
         "rope.storage_offset_ignored",
@@ -334,13 +294,11 @@ CATALOG = [
         "qnorm.half_split_pairing",
         QNORM,
         "pairs channel j with j + R/2 (rotate_half), forward and backward",
-        # a half-split partner is no lane neighbour: partner and table entry by per-lane loads
         ("second = (lane & 1) == 1", "second = c - (D - R) >= R // 2"),
-        (
-            Q_FORWARD_PAIRS,
-            f"    y_partner = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + {Q_HALF_PARTNER} * XD, mask=rot)"
-            ".to(tl.float32) * r[:, None]).to(dtype).to(tl.float32)\n" + Q_HALF_TABLES,
-        ),
+        ("partner = (j ^ 1) + (D - R)", "partner = (j + R // 2) % R + (D - R)"),
+        ("(j // 2) * CD, mask=rot)", "(j % (R // 2)) * CD, mask=rot)"),
+        ("(j // 2) * SD, mask=rot)", "(j % (R // 2)) * SD, mask=rot)"),
+        # the backward's half-split partner is no lane neighbour: partner and table entry by per-lane loads
         (
             Q_BACKWARD_PAIRS,
             f"    g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + {Q_HALF_PARTNER} * GD, mask=rot)"
@@ -351,12 +309,8 @@ CATALOG = [
         "qnorm.partner_next_channel",
         QNORM,
         "every lane takes the next channel as its partner (parity ignored)",
-        # no register swap gives c + 1 on every lane: the partner as a lane load again (0 past the row)
-        (
-            "y_partner = swap_pairs(y32, M, BLOCK)",
-            "y_partner = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + (c + 1) * XD, mask=rot & (c + 1 < D))"
-            ".to(tl.float32) * r[:, None]).to(dtype).to(tl.float32)",
-        ),
+        ("partner = (j ^ 1) + (D - R)", "partner = (j + 1) + (D - R)"),
+        # no register swap gives c + 1 on every lane: the backward's partner as a lane load (0 past the row)
         (
             "g_partner = swap_pairs(g, M, BLOCK)",
             "g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + (c + 1) * GD, mask=rot & (c + 1 < D))"
@@ -383,6 +337,8 @@ CATALOG = [
         ("shift = (D - R) % 2  # constexpr", "shift = 0  # constexpr"),
         ("rot = valid & (c >= D - R)", "rot = valid & (c < R)"),
         ("second, (D - R + shift) // 2", "second, 0"),
+        ("j = c - (D - R)  # position in the rotary slice", "j = c  # position in the rotary slice"),
+        ("partner = (j ^ 1) + (D - R)", "partner = j ^ 1"),
     ),
     mutant(
         "qnorm.rotary_start_off_by_one",
@@ -419,22 +375,22 @@ CATALOG = [
         "qnorm.boundary1_dropped",
         QNORM,
         "boundary 1 dropped: FP32 kept from the norm through the rotation",
-        ("y32 = y.to(tl.float32)", "y32 = v * r[:, None]"),
+        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
+        ("rotated = y.to(tl.float32) * cs", "rotated = v * r[:, None] * cs"),
     ),
     mutant(
         "qnorm.boundary1_dropped_on_partner",
         QNORM,
         "boundary 1 applied to the lane but not to its pair partner",
-        ("y_partner = swap_pairs(y32, M, BLOCK)", "y_partner = swap_pairs(v * r[:, None], M, BLOCK)"),
+        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
     ),
     mutant(
         "qnorm.boundary1_moved_before_norm",
         QNORM,
         "boundary 1 moved: x rotated and rounded first, then normalized (rotate-then-normalize)",
         (
-            "rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "p = swap_pairs(v, M, BLOCK)\n"
-            "    rotated = (v * cs + tl.where(second, p, -p) * sn).to(dtype).to(tl.float32) * r[:, None]",
+            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
+            "rotated = (v * cs + tl.where(second, p, -p) * sn).to(dtype).to(tl.float32) * r[:, None]",
         ),
     ),
     mutant(
@@ -442,8 +398,8 @@ CATALOG = [
         QNORM,
         "an extra rounding in the rotation: each product rounded to x.dtype",
         (
-            "rotated = y32 * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "rotated = (y32 * cs).to(dtype).to(tl.float32) + "
+            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
+            "rotated = (y.to(tl.float32) * cs).to(dtype).to(tl.float32) + "
             "(tl.where(second, y_partner, -y_partner) * sn).to(dtype).to(tl.float32)",
         ),
     ),
@@ -451,8 +407,11 @@ CATALOG = [
         "qnorm.boundary1_truncates",
         QNORM,
         "boundary 1 rounds by truncation (rtz)",
-        # the partner is swapped from the rounded row, so the one rounding covers both lanes
         ("y = (v * r[:, None]).to(dtype)", 'y = (v * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
+        (
+            "y_partner = (p * r[:, None]).to(dtype)",
+            'y_partner = (p * r[:, None]).to(dtype, fp_downcast_rounding="rtz")',
+        ),
     ),
     mutant(
         "qnorm.rstd_rounded_to_dtype",
@@ -638,21 +597,30 @@ CATALOG = [
         "qnorm.head_seq_strides_swapped",
         QNORM,
         "forward reads x with head and sequence strides swapped",
-        ("v = tl.load(x + (b * XB + h * XH + s * XS)", "v = tl.load(x + (b * XB + h * XS + s * XH)"),
+        (
+            "x_row = x + (b * XB + h * XH + s * XS)[:, None]\n    # Upcast",
+            "x_row = x + (b * XB + h * XS + s * XH)[:, None]\n    # Upcast",
+        ),
+    ),
+    mutant(
+        "qnorm.partner_channel_stride_ignored",
+        QNORM,
+        "forward loads the pair partner assuming channel stride 1",
+        ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
     ),
     mutant(
         "qnorm.forward_table_channel_stride_ignored",
         QNORM,
-        "forward reads cos/sin assuming last-dim stride 1 (replaces partner_channel_stride_ignored: the partner is "
-        "now a register swap of the one strided x tile, with no load or stride of its own; the per-pair loads are "
-        "the table's)",
-        (Q_FORWARD_PAIRS, Q_FORWARD_PAIRS.replace("CS, CD,", "CS, 1,").replace("SS, SD,", "SS, 1,")),
+        "forward reads cos/sin assuming last-dim stride 1",
+        ("(j // 2) * CD, mask=rot)", "(j // 2), mask=rot)"),
+        ("(j // 2) * SD, mask=rot)", "(j // 2), mask=rot)"),
     ),
     mutant(
         "qnorm.cos_batch_stride_ignored",
         QNORM,
         "forward reads cos/sin without their batch stride (assumes expand)",
-        (Q_FORWARD_PAIRS, Q_FORWARD_PAIRS.replace("b * CB + s * CS", "s * CS").replace("b * SB + s * SS", "s * SS")),
+        ("tl.load(cos + (b * CB + s * CS)[:, None] + (j // 2)", "tl.load(cos + (s * CS)[:, None] + (j // 2)"),
+        ("tl.load(sin + (b * SB + s * SS)[:, None] + (j // 2)", "tl.load(sin + (s * SS)[:, None] + (j // 2)"),
     ),
     mutant(
         "qnorm.backward_table_channel_stride_ignored",
@@ -737,7 +705,7 @@ CATALOG = [
         ),
         gpu_only=True,
     ),
-    # ---- src/dsrope/_common.py: swap_pairs, pair_table (both kernels) ----------------------------
+    # ---- src/dsrope/_common.py: swap_pairs, pair_table (used by the QNorm backward only) ----------
     mutant(
         "common.swap_pairs_unswapped",
         COMMON,
@@ -774,11 +742,11 @@ CATALOG = [
         COMMON,
         "pair_table's masked loads without other=0.0 (masked lanes undefined)",
         ("(k < PAIRS), other=0.0)", "(k < PAIRS))"),
-        equivalent="a lane where pair_table's mask is off is in a row past `rows` (every store of that row, rstd "
-        "included, is masked and the row sums are per row) or outside 0 <= k < R/2, which holds only off the "
-        "rotary lanes (a rotary lane has k = (c - (D - R)) // 2 in [0, R/2)); there both kernels select the "
-        "unrotated value with tl.where(rot, ...), a select that never reads the other operand's value, and the "
-        "load itself touches no memory on a masked lane.",
+        equivalent="pair_table's one user is the QNorm backward. A lane where pair_table's mask is off is in a "
+        "row past `rows` (every store of that row is masked and the row sums are per row) or outside "
+        "0 <= k < R/2, which holds only off the rotary lanes (a rotary lane has k = (c - (D - R)) // 2 in "
+        "[0, R/2)); there the backward keeps the unrotated gradient with tl.where(rot, derotated, g), a select "
+        "that never reads the other operand's value, and the load itself touches no memory on a masked lane.",
     ),
     # ---- src/dsrope/rope_utils.py: frequencies, tables, pairings, q/k with cu_seqlens and cp ------
     mutant(
@@ -913,7 +881,7 @@ HOME = {
     ROPE: ("test_rope.py",),
     QNORM: ("test_qnorm_rope.py",),
     UTILS: ("test_rope_utils.py",),
-    COMMON: ("test_rope.py", "test_qnorm_rope.py"),  # swap_pairs and pair_table serve both kernels
+    COMMON: ("test_qnorm_rope.py",),  # swap_pairs and pair_table serve the QNorm backward only
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
