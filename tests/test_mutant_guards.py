@@ -7,12 +7,15 @@ and the CPU suite notices only when the corrupted heap happens to crash the inte
 SIGABRT/SIGSEGV, not a failing test). Here the launchers' allocator `token_major_empty` hands out a
 view into a larger buffer whose bands before and after the output hold random bits; the row count
 is not a multiple of the rows per program and D is not a power of two, so a missing row mask on
-the last block, or a channel mask reaching past D, writes into a band. Inputs are slices of larger
-buffers, so the reads such a fault makes stay inside memory the test owns.
+the last block, or a channel mask reaching past D, writes into a band. The QNorm test runs an odd D - R
+too (D = 21, R = 8), where lane 0 is the shift lane with no channel (c = -1) and must stay masked
+(mutant qnorm.shift_lane_not_masked: it writes the channel before each row, before the output for the
+first). Inputs are slices from the middle of larger buffers, so the reads such a fault makes, before
+or past the end, stay inside memory the test owns.
 
-Tables through their own strides (mutants rope.sin_read_with_cos_strides,
-qnorm.cos_batch_stride_ignored, qnorm.backward_table_channel_stride_ignored): cos and sin with
-per-batch values and two different layouts, neither with channel stride 1. Elsewhere the QNorm
+Tables through their own strides (mutants rope.sin_read_with_cos_strides, qnorm.cos_batch_stride_ignored,
+qnorm.forward_table_channel_stride_ignored, qnorm.backward_table_channel_stride_ignored): cos and sin
+with per-batch values and two different layouts, neither with channel stride 1. Elsewhere the QNorm
 tests use only broadcast contiguous tables and every sin shares cos's layout: those faults were
 caught only by two golden cases and, for sin, by the property suite after minutes.
 """
@@ -34,6 +37,7 @@ BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: 
 # At D = 20 a program covers at most 64 rows on either device: a band of 64 rows of twice D covers
 # every write a missing row mask or a channel mask past D can make.
 SHAPE, ROTARY = (1, 3, 11, 20), 8  # 33 rows; D = 20 < tile width 32
+ODD_SHAPE = (1, 3, 11, 21)  # D - R = 13 odd: the QNorm kernels shift the channels by one lane
 
 
 class GuardedOutputs:
@@ -65,11 +69,11 @@ def assert_within(check, what):
     assert check.violations == 0, f"{what}: {check}"
 
 
-def sliced_token_major(dtype, seed):
-    """x of SHAPE as the first batch of a token-major buffer with two more batches."""
-    b, h, s, d = SHAPE
+def sliced_token_major(dtype, seed, shape=SHAPE):
+    """x of `shape` as the middle batch of a token-major buffer with one more batch on each side."""
+    b, h, s, d = shape
     full = materialize(values((b + 2, h, s, d), dtype, seed=seed).to(DEVICE), TOKEN_MAJOR)
-    return full[:b]
+    return full[1 : b + 1]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,12 +89,13 @@ def test_rope_writes_nothing_outside_its_outputs(dtype, monkeypatch):
     assert_within(partial_rope(g, cos, sin, ROTARY, inverse=True).judge(dx), "backward")
 
 
+@pytest.mark.parametrize("shape", [SHAPE, ODD_SHAPE], ids=lambda s: f"D{s[-1]}")
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_qnorm_writes_nothing_outside_its_outputs(dtype, monkeypatch):
+def test_qnorm_writes_nothing_outside_its_outputs(dtype, shape, monkeypatch):
     guard = GuardedOutputs(monkeypatch, dsrope.qnorm_rope)
-    x = sliced_token_major(dtype, seed=4).requires_grad_()
-    g = sliced_token_major(dtype, seed=5)
-    cos, sin = tables(SHAPE[0], SHAPE[2], ROTARY, seed=6)
+    x = sliced_token_major(dtype, seed=4, shape=shape).requires_grad_()
+    g = sliced_token_major(dtype, seed=5, shape=shape)
+    cos, sin = tables(shape[0], shape[2], ROTARY, seed=6)
     out = qnorm_rope_triton(x, cos, sin, ROTARY, 1e-6)
     (dx,) = torch.autograd.grad(out, x, g)
     guard.assert_bands_untouched(2)

@@ -54,6 +54,23 @@ ROOT = Path(__file__).resolve().parent.parent
 ROPE = "src/dsrope/rope.py"
 QNORM = "src/dsrope/qnorm_rope.py"
 UTILS = "src/dsrope/rope_utils.py"
+COMMON = "src/dsrope/_common.py"
+
+
+# The QNorm backward's partner and table lines (register swap and one table load per pair; the forward
+# loads partner and table entry per lane).
+Q_BACKWARD_PAIRS = (
+    "    g_partner = swap_pairs(g, M, BLOCK)\n"
+    "    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)\n"
+    "    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, first_pair, R // 2, M, BLOCK)\n"
+)
+# rotate_half pairing in the backward (qnorm.half_split_pairing): channel c's partner channel, and
+# per-lane table loads
+Q_HALF_PARTNER = "((c - (D - R) + R // 2) % R + (D - R))"
+Q_HALF_TABLES = (
+    "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + ((c - (D - R)) % (R // 2)) * CD, mask=rot)\n"
+    "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + ((c - (D - R)) % (R // 2)) * SD, mask=rot)\n"
+)
 
 
 @dataclass(frozen=True)
@@ -277,15 +294,28 @@ CATALOG = [
         "qnorm.half_split_pairing",
         QNORM,
         "pairs channel j with j + R/2 (rotate_half), forward and backward",
-        ("second = (j & 1) == 1", "second = j >= R // 2"),
+        ("second = (lane & 1) == 1", "second = c - (D - R) >= R // 2"),
         ("partner = (j ^ 1) + (D - R)", "partner = (j + R // 2) % R + (D - R)"),
-        ("rot, second, partner, j // 2", "rot, second, partner, j % (R // 2)"),
+        ("(j // 2) * CD, mask=rot)", "(j % (R // 2)) * CD, mask=rot)"),
+        ("(j // 2) * SD, mask=rot)", "(j % (R // 2)) * SD, mask=rot)"),
+        # the backward's half-split partner is no lane neighbour: partner and table entry by per-lane loads
+        (
+            Q_BACKWARD_PAIRS,
+            f"    g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + {Q_HALF_PARTNER} * GD, mask=rot)"
+            ".to(tl.float32)\n" + Q_HALF_TABLES,
+        ),
     ),
     mutant(
         "qnorm.partner_next_channel",
         QNORM,
         "every lane takes the next channel as its partner (parity ignored)",
         ("partner = (j ^ 1) + (D - R)", "partner = (j + 1) + (D - R)"),
+        # no register swap gives c + 1 on every lane: the backward's partner as a lane load (0 past the row)
+        (
+            "g_partner = swap_pairs(g, M, BLOCK)",
+            "g_partner = tl.load(grad + (b * GB + h * GH + s * GS)[:, None] + (c + 1) * GD, mask=rot & (c + 1 < D))"
+            ".to(tl.float32)",
+        ),
     ),
     mutant(
         "qnorm.forward_sine_sign",
@@ -303,15 +333,43 @@ CATALOG = [
         "qnorm.leading_channels",
         QNORM,
         "rotates the leading R channels, passes the trailing D-R",
-        ("j = c - (D - R)", "j = c"),
-        ("rot = valid & (j >= 0)", "rot = valid & (j < R)"),
+        # the leading pairs start at channel 0: aligned without a shift
+        ("shift = (D - R) % 2  # constexpr", "shift = 0  # constexpr"),
+        ("rot = valid & (c >= D - R)", "rot = valid & (c < R)"),
+        ("second, (D - R + shift) // 2", "second, 0"),
+        ("j = c - (D - R)  # position in the rotary slice", "j = c  # position in the rotary slice"),
         ("partner = (j ^ 1) + (D - R)", "partner = j ^ 1"),
     ),
     mutant(
         "qnorm.rotary_start_off_by_one",
         QNORM,
         "rotary lanes start at D-R+1: the first rotary channel is not rotated",
-        ("rot = valid & (j >= 0)", "rot = valid & (j > 0)"),
+        ("rot = valid & (c >= D - R)", "rot = valid & (c > D - R)"),
+    ),
+    mutant(
+        "qnorm.shift_dropped",
+        QNORM,
+        "no lane shift for odd D - R: rotary pairs straddle the lane pairs (2i, 2i+1)",
+        ("shift = (D - R) % 2  # constexpr", "shift = 0  # constexpr"),
+    ),
+    mutant(
+        "qnorm.shift_lane_not_masked",
+        QNORM,
+        "the shift lane (c = -1, odd D - R) is not masked: it reads, sums and writes the channel before the row",
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = row_ok[:, None] & (c < D)"),
+    ),
+    mutant(
+        "qnorm.second_parity_from_channel",
+        QNORM,
+        "a lane's place in its pair from the channel's parity, not the lane's: the same for even D - R (c = lane), "
+        "every rotary sign flipped for odd D - R (c = lane - 1)",
+        ("second = (lane & 1) == 1", "second = (c & 1) == 1"),
+    ),
+    mutant(
+        "qnorm.first_pair_without_shift",
+        QNORM,
+        "the first rotary lane pair (D - R) // 2 without the shift: one pair early for odd D - R",
+        ("second, (D - R + shift) // 2", "second, (D - R) // 2"),
     ),
     mutant(
         "qnorm.boundary1_dropped",
@@ -459,8 +517,8 @@ CATALOG = [
         "qnorm.rstd_head_major",
         QNORM,
         "rstd stored (and read back) in head-major row order (b*H + h)*S + s",
-        ("tl.store(rstd + row, r, mask=row < rows)", "tl.store(rstd + (b * H + h) * S + s, r, mask=row < rows)"),
-        ("r = tl.load(rstd + row, mask=row < rows)", "r = tl.load(rstd + (b * H + h) * S + s, mask=row < rows)"),
+        ("tl.store(rstd + row, r, mask=row_ok)", "tl.store(rstd + (b * H + h) * S + s, r, mask=row_ok)"),
+        ("r = tl.load(rstd + row, mask=row_ok)", "r = tl.load(rstd + (b * H + h) * S + s, mask=row_ok)"),
     ),
     mutant(
         "qnorm.backward_no_mean_term",
@@ -494,8 +552,9 @@ CATALOG = [
         QNORM,
         "backward uses the rounded normalized row rnd(x*r) instead of x*r",
         (
-            "xhat = tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r",
-            "xhat = (tl.load(x_row + c * XD, mask=valid).to(tl.float32) * r).to(out.dtype.element_ty).to(tl.float32)",
+            "xhat = tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32) * r",
+            "xhat = (tl.load(x + (b * XB + h * XH + s * XS)[:, None] + c * XD, mask=valid).to(tl.float32) * r)"
+            ".to(out.dtype.element_ty).to(tl.float32)",
         ),
     ),
     mutant(
@@ -514,8 +573,7 @@ CATALOG = [
         "qnorm.gradient_channel_stride_ignored",
         QNORM,
         "gradient loads assume channel stride 1 (the .sum() gradient has 0)",
-        ("g = tl.load(g_row + c * GD", "g = tl.load(g_row + c"),
-        ("g_partner = tl.load(g_row + partner * GD", "g_partner = tl.load(g_row + partner"),
+        ("[:, None] + c * GD, mask=valid)", "[:, None] + c, mask=valid)"),
     ),
     mutant(
         "qnorm.storage_offset_ignored",
@@ -551,38 +609,36 @@ CATALOG = [
         ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
     ),
     mutant(
+        "qnorm.forward_table_channel_stride_ignored",
+        QNORM,
+        "forward reads cos/sin assuming last-dim stride 1",
+        ("(j // 2) * CD, mask=rot)", "(j // 2), mask=rot)"),
+        ("(j // 2) * SD, mask=rot)", "(j // 2), mask=rot)"),
+    ),
+    mutant(
         "qnorm.cos_batch_stride_ignored",
         QNORM,
         "forward reads cos/sin without their batch stride (assumes expand)",
-        (
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)\n    # first of a pair: ya",
-            "    cs = tl.load(cos + (s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (s * SS)[:, None] + k * SD, mask=rot)\n    # first of a pair: ya",
-        ),
+        ("tl.load(cos + (b * CB + s * CS)[:, None] + (j // 2)", "tl.load(cos + (s * CS)[:, None] + (j // 2)"),
+        ("tl.load(sin + (b * SB + s * SS)[:, None] + (j // 2)", "tl.load(sin + (s * SS)[:, None] + (j // 2)"),
     ),
     mutant(
         "qnorm.backward_table_channel_stride_ignored",
         QNORM,
         "backward reads cos/sin assuming last-dim stride 1",
-        (
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)\n\n",
-            "    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k, mask=rot)\n"
-            "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k, mask=rot)\n\n",
-        ),
+        (Q_BACKWARD_PAIRS, Q_BACKWARD_PAIRS.replace("CS, CD,", "CS, 1,").replace("SS, SD,", "SS, 1,")),
     ),
     mutant(
         "qnorm.channel_mask_long",
         QNORM,
         "channel mask c <= D: the next row's first channel joins the sum",
-        ("valid = row_ok[:, None] & (c < D)", "valid = row_ok[:, None] & (c <= D)"),
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = row_ok[:, None] & (c >= 0) & (c <= D)"),
     ),
     mutant(
         "qnorm.row_mask_missing",
         QNORM,
         "no row mask on the tile: the last block reads and writes past the tensors",
-        ("valid = row_ok[:, None] & (c < D)", "valid = (c < D) & (row >= 0)[:, None]"),
+        ("valid = row_ok[:, None] & (c >= 0) & (c < D)", "valid = (c >= 0) & (c < D) & (row >= 0)[:, None]"),
     ),
     mutant(
         "qnorm.head_major_output",
@@ -609,6 +665,15 @@ CATALOG = [
             "    out = torch.empty_like(x)\n    batch, heads, seq, dim = x.shape\n"
             "    rows = batch * seq * heads\n    if",
         ),
+    ),
+    mutant(
+        "qnorm.block_without_shift_lane",
+        QNORM,
+        "the launchers size the channel tile for D lanes, without the shift lane of odd D - R",
+        ("return dim + (dim - rotary) % 2", "return dim"),
+        equivalent="D - R odd means D odd (R is even, checked) and D >= 3, which is no power of two, so "
+        "next_pow2(D) >= D + 1 and next_pow2(D) = next_pow2(D + 1); tile_config sees its dim only through "
+        "next_pow2, so M, BLOCK and the warps are the same.",
     ),
     mutant(
         "qnorm.rsqrt_as_division",
@@ -639,6 +704,49 @@ CATALOG = [
             'RMSNorm input gradient."""\n    row = tl.program_id(0) * M',
         ),
         gpu_only=True,
+    ),
+    # ---- src/dsrope/_common.py: swap_pairs, pair_table (used by the QNorm backward only) ----------
+    mutant(
+        "common.swap_pairs_unswapped",
+        COMMON,
+        "swap_pairs joins the halves back in order, join(first, second): the tile comes back unswapped and "
+        "every lane is its own partner",
+        ("tl.join(second, first)", "tl.join(first, second)"),
+    ),
+    mutant(
+        "common.swap_pairs_second_kept",
+        COMMON,
+        "swap_pairs joins (second, second): the first lane gets its partner, the second lane itself",
+        ("tl.join(second, first)", "tl.join(second, second)"),
+    ),
+    mutant(
+        "common.pair_table_first_off_by_one",
+        COMMON,
+        "pair_table counts pairs from FIRST - 1: every rotary pair gets the next pair's entry, the last 0",
+        ("[None, :] - FIRST", "[None, :] - FIRST + 1"),
+    ),
+    mutant(
+        "common.pair_table_second_lane_next_entry",
+        COMMON,
+        "pair_table gives the second lane of pair k entry k + 1 (per-lane indexing slip; 0 past the last pair)",
+        (
+            "    return tl.reshape(tl.join(entry, entry), (M, BLOCK))",
+            "    k1 = k + 1\n"
+            "    nxt = tl.load(table + row_offset[:, None] + k1 * stride, "
+            "mask=row_ok[:, None] & (k1 >= 0) & (k1 < PAIRS), other=0.0)\n"
+            "    return tl.reshape(tl.join(entry, nxt), (M, BLOCK))",
+        ),
+    ),
+    mutant(
+        "common.pair_table_no_other",
+        COMMON,
+        "pair_table's masked loads without other=0.0 (masked lanes undefined)",
+        ("(k < PAIRS), other=0.0)", "(k < PAIRS))"),
+        equivalent="pair_table's one user is the QNorm backward. A lane where pair_table's mask is off is in a "
+        "row past `rows` (every store of that row is masked and the row sums are per row) or outside "
+        "0 <= k < R/2, which holds only off the rotary lanes (a rotary lane has k = (c - (D - R)) // 2 in "
+        "[0, R/2)); there the backward keeps the unrotated gradient with tl.where(rot, derotated, g), a select "
+        "that never reads the other operand's value, and the load itself touches no memory on a masked lane.",
     ),
     # ---- src/dsrope/rope_utils.py: frequencies, tables, pairings, q/k with cu_seqlens and cp ------
     mutant(
@@ -769,7 +877,12 @@ CATALOG = [
 ]
 
 # Test files that exercise each source file: run first, so a mutant dies early.
-HOME = {ROPE: ("test_rope.py",), QNORM: ("test_qnorm_rope.py",), UTILS: ("test_rope_utils.py",)}
+HOME = {
+    ROPE: ("test_rope.py",),
+    QNORM: ("test_qnorm_rope.py",),
+    UTILS: ("test_rope_utils.py",),
+    COMMON: ("test_qnorm_rope.py",),  # swap_pairs and pair_table serve the QNorm backward only
+}
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
 
