@@ -44,7 +44,7 @@ CONFIGS = [
 
 def tensors(b, h, s, layout):
     shape = (b, s, h, D) if layout == "token_major" else (b, h, s, D)
-    make = (lambda: torch.randn(shape, device="cuda", dtype=torch.bfloat16))
+    make = lambda: torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     x, g = make(), make()
     if layout == "token_major":
         x, g = x.transpose(1, 2), g.transpose(1, 2)
@@ -67,12 +67,15 @@ def launch(kernel, t, config, old=None):
     mod_rope, mod_qnorm = old or (rope, qnorm_rope)
     if kernel == "rope":
         return 2 * n, lambda: mod_rope._rotate[grid](
-            x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw)
+            x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
+        )
     if kernel == "qnorm_fwd":
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
-            x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw)
+            x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
+        )
     return 3 * n + rows * 4, lambda: mod_qnorm._qnorm_rope_backward[grid](
-        x, g, cos, sin, rstd, out, *geometry, *x.stride(), *g.stride(), *tables, **kw)
+        x, g, cos, sin, rstd, out, *geometry, *x.stride(), *g.stride(), *tables, **kw
+    )
 
 
 def load_baseline(folder):
@@ -148,10 +151,19 @@ def main():
             compiled = fn()
             ms = do_bench(fn, warmup=25, rep=60, return_mode="median")
             row = dict(
-                kernel=kernel, B=b, H=h, S=s, layout=layout, version="old" if is_old else "new",
-                M=config["M"], warps=config["num_warps"],
-                ms=round(ms, 4), gbs=round(nbytes / ms / 1e6), of_copy=round(nbytes / ms / 1e-3 / copy, 3),
-                regs=getattr(compiled, "n_regs", ""), spills=getattr(compiled, "n_spills", ""),
+                kernel=kernel,
+                B=b,
+                H=h,
+                S=s,
+                layout=layout,
+                version="old" if is_old else "new",
+                M=config["M"],
+                warps=config["num_warps"],
+                ms=round(ms, 4),
+                gbs=round(nbytes / ms / 1e6),
+                of_copy=round(nbytes / ms / 1e-3 / copy, 3),
+                regs=getattr(compiled, "n_regs", ""),
+                spills=getattr(compiled, "n_spills", ""),
             )
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
@@ -169,8 +181,7 @@ def main():
         group = list(group)
         new = max((r for r in group if r["version"] == "new"), key=lambda r: r["of_copy"])
         olds = [r["of_copy"] for r in group if r["version"] == "old"]
-        print(key, f"best M={new['M']} warps={new['warps']} {new['of_copy']}",
-              f"old {olds[0]}" if olds else "")
+        print(key, f"best M={new['M']} warps={new['warps']} {new['of_copy']}", f"old {olds[0]}" if olds else "")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ def run_canonical(table: Table, progress):
         fwd = qnorm_rope.forward(x, cos, sin, 64, 1e-6)
         bwd = qnorm_rope.backward(x, grad, cos, sin, 64, 1e-6)
         models = {
-            "qnorm_rope.out": fwd.out, "qnorm_rope.rstd": fwd.rstd, "qnorm_rope.dx": bwd.dx,
+            "qnorm_rope.out": fwd.out,
+            "qnorm_rope.rstd": fwd.rstd,
+            "qnorm_rope.dx": bwd.dx,
             "partial_rope.out": partial_rope(x, cos, sin, 64),
             "partial_rope.dx": partial_rope(grad, cos, sin, 64, inverse=True),
         }
@@ -173,15 +175,30 @@ def render(table: Table, meta: dict) -> tuple[str, list[dict]]:
     head = ["kernel", "dtype", "direction", "elements", "max ulp", "bit-exact", "violations", "golden"]
     rows = []
     for (kernel, dtype, direction), r in sorted(table.rows.items()):
-        rows.append(dict(kernel=kernel, dtype=dtype, direction=direction, elements=r["elements"],
-                         max_ulp=r["max_ulp"], bit_exact=r["exact"] / max(r["elements"], 1),
-                         violations=r["violations"], golden="; ".join(sorted(r["golden"])) or "-",
-                         first_violation=r["first"]))
-    lines = [f"device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows.append(
+            dict(
+                kernel=kernel,
+                dtype=dtype,
+                direction=direction,
+                elements=r["elements"],
+                max_ulp=r["max_ulp"],
+                bit_exact=r["exact"] / max(r["elements"], 1),
+                violations=r["violations"],
+                golden="; ".join(sorted(r["golden"])) or "-",
+                first_violation=r["first"],
+            )
+        )
+    lines = [
+        f"device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for r in rows:
-        lines.append(f"| {r['kernel']} | {r['dtype']} | {r['direction']} | {r['elements']} | {r['max_ulp']} | "
-                     f"{r['bit_exact']:.4%} | {r['violations']} | {r['golden']} |")
+        lines.append(
+            f"| {r['kernel']} | {r['dtype']} | {r['direction']} | {r['elements']} | {r['max_ulp']} | "
+            f"{r['bit_exact']:.4%} | {r['violations']} | {r['golden']} |"
+        )
     return "\n".join(lines), rows
 
 
@@ -203,7 +220,7 @@ def chart(table: Table, path: Path) -> bool:
         ax.hist(e.clamp(max=min(top, 64)).numpy(), bins=bins, log=True)
         ax.set_title(f"{stage}: {e.numel()} elements, max {top} ulp", fontsize=8)
         ax.set_xlabel("error vs correctly rounded reference (ULP)", fontsize=7)
-    for ax in list(axes.flat)[len(stages):]:
+    for ax in list(axes.flat)[len(stages) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -236,8 +253,10 @@ def main(argv=None) -> int:
     violations = []
     for r in rows:
         if r["violations"]:
-            violations.append(f"{r['kernel']} {r['dtype']} {r['direction']}: {r['violations']} elements outside "
-                            f"the error model; {r['first_violation']}")
+            violations.append(
+                f"{r['kernel']} {r['dtype']} {r['direction']}: {r['violations']} elements outside "
+                f"the error model; {r['first_violation']}"
+            )
     problems = violations + problems  # a wrong value first; a changed bit (golden) after
     print(text)
     (out / "report.md").write_text(f"# dsrope accuracy report\n\n{text}\n")
