@@ -667,15 +667,6 @@ CATALOG = [
         ),
     ),
     mutant(
-        "qnorm.block_without_shift_lane",
-        QNORM,
-        "the launchers size the channel tile for D lanes, without the shift lane of odd D - R",
-        ("return dim + (dim - rotary) % 2", "return dim"),
-        equivalent="D - R odd means D odd (R is even, checked) and D >= 3, which is no power of two, so "
-        "next_pow2(D) >= D + 1 and next_pow2(D) = next_pow2(D + 1); tile_config sees its dim only through "
-        "next_pow2, so M, BLOCK and the warps are the same.",
-    ),
-    mutant(
         "qnorm.rsqrt_as_division",
         QNORM,
         "1/sqrt instead of rsqrt",

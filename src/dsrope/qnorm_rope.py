@@ -39,7 +39,8 @@ def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, B
 
     Lane l holds channel c = l - SHIFT, SHIFT = (D - R) % 2: every rotary pair then sits on the
     aligned lanes (2i, 2i+1) (what the backward's swap_pairs and pair_table need; the second
-    channel of a pair is on an odd lane). D itself may be odd (SHIFT = 1).
+    channel of a pair is on an odd lane). D itself may be odd (SHIFT = 1); the tile still fits:
+    D - R odd means D odd and >= 3, so BLOCK = next_pow2(D) >= D + 1.
     """
     shift = (D - R) % 2  # constexpr
     row_ok = row < rows
@@ -118,11 +119,6 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-def _block(dim: int, rotary: int) -> int:
-    """Channel lanes per row: D, plus the lane that aligns the pairs when D - R is odd."""
-    return dim + (dim - rotary) % 2
-
-
 def _forward(x, cos, sin, rotary, eps):
     out = token_major_empty(x)
     batch, heads, seq, dim = x.shape
@@ -130,7 +126,7 @@ def _forward(x, cos, sin, rotary, eps):
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
-    config = tile_config(_block(dim, rotary), 2048)
+    config = tile_config(dim, 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
@@ -144,7 +140,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = tile_config(_block(dim, rotary), 1024, warps=2)
+    config = tile_config(dim, 1024, warps=2)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
         *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
