@@ -209,18 +209,10 @@ STRIDED_TRAINABLE_TABLE = V3Case(
     grad=Values(kind="normal", seed=0),
     grad_layout=Layout(order=(0, 1)),
 )
-ODD_OFFSET_GRADIENT = V3Case(
-    lead=(1,),
-    heads=0,
+ODD_OFFSET_GRADIENT = replace(
+    STRIDED_TRAINABLE_TABLE,
     dim=2,
-    pairing="interleaved",
-    dtype="float32",
-    x=Values(kind="normal", seed=0),
-    x_layout=Layout(order=(0, 1)),
-    table=Tables(kind="angles", seed=0),
     table_layout=Layout(order=(0, 1)),
-    trainable=True,
-    grad=Values(kind="normal", seed=0),
     grad_layout=Layout(order=(0, 1), offset=1),
 )
 
