@@ -37,14 +37,14 @@ for phase in "$@"; do
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
-    bench) timeout 240 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    bench) timeout 360 python3 -m nox -s bench -- --out "$OUT/bench" ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
     # it; `git diff golden/snapshots` then shows what changed), then the suite, memcheck and verify
     # run in parallel (none of them times anything); logs folded into run.log.
     gate)
       timeout 120 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
-      (timeout 520 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      (timeout 520 python3 -m nox -s gpu-tests -- -q -rfE -rs --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
       (timeout 200 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
       (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
@@ -52,7 +52,19 @@ for phase in "$@"; do
         (timeout 420 python3 -m nox -s mutants -- --gpu > "$OUT/m.log" 2>&1; echo "mutants-gpu rc $?" >> "$OUT/m.log") &
       fi
       wait
-      for f in g t s v m; do [ -f "$OUT/$f.log" ] && { echo "===== $f"; cat "$OUT/$f.log"; rm "$OUT/$f.log"; }; done ;;
+      failed=0  # the phase's status: nonzero when any part's rc line says so
+      for f in g t s v m; do
+        [ -f "$OUT/$f.log" ] || continue
+        echo "===== $f"; cat "$OUT/$f.log"
+        grep -q -E '^[a-z-]+ rc [1-9]' "$OUT/$f.log" && failed=1
+        rm "$OUT/$f.log"
+      done
+      [ "$failed" = 0 ] ;;
+    # Nsight Compute on one head-major QNorm backward of torch.compile's chain and one of ours
+    # (tools/profile_backward.py): the bytes each really moves and its DRAM throughput
+    ncu-bwd)
+      metrics=dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+      timeout 150 ncu --clock-control none --profile-from-start off --metrics $metrics python3 tools/profile_backward.py ;;
     *) echo "unknown phase $phase" ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
