@@ -32,6 +32,7 @@ for phase in "$@"; do
         echo "== ncu baseline qnorm_bwd token_major 8 1"
         timeout 120 ncu --clock-control none $sections -k regex:qnorm_rope --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one qnorm_bwd token_major 8 1 --baseline sweep_baseline
       fi ;;
+    mutants-gpu) timeout 500 python3 -m nox -s mutants -- --gpu ;;
     snapshot) timeout 300 python3 -m tools.golden --update-snapshot && cp golden/snapshots/nvidia-h200-* "$OUT/" ;;
     verify) timeout 300 python3 -m tools.verify --out "$OUT/verify" && rm -f "$OUT/verify/report.json" ;;
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
