@@ -139,6 +139,13 @@ def verify(session: nox.Session) -> None:
     session.run("python", "-m", "tools.verify", *session.posargs)
 
 
+@nox.session(name="gpu-mutants", venv_backend="none")
+def gpu_mutants(session: nox.Session) -> None:
+    """The GPU-only mutants (32-bit offsets) against the gpu-marked tests, on CUDA, in the environment
+    found (as gpu-tests: a CUDA host's packages need not be visible to a fresh virtualenv)."""
+    session.run("python", "tools/mutants.py", "--gpu", *session.posargs)
+
+
 @nox.session(venv_params=["--system-site-packages"])
 def mutants(session: nox.Session) -> None:
     """Mutation gate (tools/mutants.py): every seeded kernel fault must fail the suite.

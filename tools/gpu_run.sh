@@ -32,7 +32,7 @@ for phase in "$@"; do
         echo "== ncu baseline qnorm_bwd token_major 8 1"
         timeout 120 ncu --clock-control none $sections -k regex:qnorm_rope --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one qnorm_bwd token_major 8 1 --baseline sweep_baseline
       fi ;;
-    mutants-gpu) timeout 500 python3 -m nox -s mutants -- --gpu ;;
+    mutants-gpu) timeout 500 python3 -m nox -s gpu-mutants; cp -r out/mutants "$OUT/" 2>/dev/null ;;
     snapshot) timeout 300 python3 -m tools.golden --update-snapshot && cp golden/snapshots/nvidia-h200-* "$OUT/" ;;
     verify) timeout 300 python3 -m tools.verify --out "$OUT/verify" && rm -f "$OUT/verify/report.json" ;;
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
@@ -50,7 +50,7 @@ for phase in "$@"; do
       (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
       if [ -n "${MUTANTS_GPU:-}" ]; then
-        (timeout 420 python3 -m nox -s mutants -- --gpu > "$OUT/m.log" 2>&1; echo "mutants-gpu rc $?" >> "$OUT/m.log") &
+        (timeout 420 python3 -m nox -s gpu-mutants > "$OUT/m.log" 2>&1; echo "mutants-gpu rc $?" >> "$OUT/m.log") &
       fi
       wait
       failed=0  # the phase's status: nonzero when any part's rc line says so
