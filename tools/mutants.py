@@ -1170,7 +1170,8 @@ def table(results: list[Result], skipped: list[Mutant]) -> str:
             f"{r.seconds:.1f} | {note} |"
         )
     for m in skipped:
-        why = f"equivalent: {m.equivalent}" if m.equivalent else "GPU-only: `nox -s gpu-mutants` on CUDA"
+        where = "GPU-only: `nox -s gpu-mutants` on CUDA" if m.gpu_only else "CPU mutant: `nox -s mutants`"
+        why = f"equivalent: {m.equivalent}" if m.equivalent else where
         rows.append(f"| - | {m.name}: {m.what} | {Path(m.file).name} | not run | - | {why} |")
     return "\n".join(rows)
 
