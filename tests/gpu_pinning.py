@@ -39,8 +39,10 @@ def visible_gpus(environ) -> list[str]:
 
 
 def pin_worker_to_gpu(environ=os.environ) -> str | None:
-    gpu = gpu_for_worker(environ.get("PYTEST_XDIST_WORKER"), visible_gpus(environ))
+    gpus = visible_gpus(environ)
+    gpu = gpu_for_worker(environ.get("PYTEST_XDIST_WORKER"), gpus)
     if gpu is not None:
         environ["CUDA_VISIBLE_DEVICES"] = gpu
         environ["DSROPE_PINNED_GPU"] = gpu
+        environ["DSROPE_GPUS_BEFORE_PINNING"] = ",".join(gpus)  # for the live check in the tests
     return gpu
