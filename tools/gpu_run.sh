@@ -45,7 +45,7 @@ for phase in "$@"; do
     gate)
       timeout 120 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
-      (timeout 520 python3 -m nox -s gpu-tests -- -q -rfE -rs --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      (timeout 520 python3 -m nox -s gpu-tests -- -q -rfEs --durations=15 > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
       (timeout 200 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
       (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
