@@ -150,8 +150,8 @@ def gpu_mutants(session: nox.Session) -> None:
 def mutants(session: nox.Session) -> None:
     """Mutation gate (tools/mutants.py): every seeded kernel fault must fail the suite.
 
-    CPU: the CPU mutants against the whole CPU suite in the interpreter. `-- --gpu` on a CUDA host:
-    the GPU-only mutants (32-bit offsets) against the gpu-marked tests. Packages as for verify.
+    CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
+    On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).
     """
     probe = "import torch, triton, numpy, ml_dtypes, mpmath, hypothesis, pytest, xdist, safetensors"
     try:
