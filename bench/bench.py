@@ -6,8 +6,8 @@ tensor), each kernel and direction (forward, backward, forward+backward): the me
 warm runs (triton.testing.do_bench), the bytes that must move (each input read once, each output
 written once), GB/s, the fraction of the device-to-device copy bandwidth measured in this run,
 and the speedup over eager and over torch.compile (same run). Ours is timed three times (once
-before the others, twice after) and the median of those medians is reported. Writes a CSV, a markdown table and
-a PNG chart.
+before the others, twice after) and the median of those medians is reported. Writes a CSV, a
+markdown table and a PNG chart.
 
     python bench/bench.py --out out/bench            # everything
     python bench/bench.py --quick                    # one shape, for a smoke run

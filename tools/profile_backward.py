@@ -1,10 +1,10 @@
 """One QNorm+RoPE backward of ours and one of torch.compile's eager chain, for Nsight Compute.
 
-Both run on the same head-major bf16 input (1 x 128 x 16384 x 512, R=64) after warm-up; only the
-timed backward of each sits between cudaProfilerStart and cudaProfilerStop, so
+Both run on the same bf16 input (bench.py's, D=512, R=64; default 1 x 128 x 16384, head-major)
+after warm-up; only the timed backward of each sits between cudaProfilerStart and cudaProfilerStop, so
 
     ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum,... \
-        python tools/profile_backward.py
+        python tools/profile_backward.py [B H S [token_major|head_major]]
 
 profiles exactly those kernels: the bytes each backward really moves and its DRAM throughput.
 This is what limits the head-major backward against torch.compile (docs/perf.md).

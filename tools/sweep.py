@@ -4,7 +4,8 @@ head-major input, at a small and a large DSV4 shape.
 Prints one line per config (median time, GB/s, fraction of the copy bandwidth measured in the same
 run, registers and spills) and the best config per (kernel, shape, layout); writes the rows as CSV.
 Every config is compiled first in parallel worker processes (they fill Triton's cache), so the
-timing process only loads kernels. The winners go into the kernels' ROWS/WARPS constants.
+timing process only loads kernels. The winners go into the launchers' tile_config(dim, elements,
+warps) calls.
 
     python tools/sweep.py --out out/sweep [--baseline DIR]
     python tools/sweep.py --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
@@ -112,11 +113,6 @@ def compile_some(args):
     return part
 
 
-def copy_bandwidth() -> float:
-    src = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda")
-    return 4 * (1 << 31) / (do_bench(src.clone, warmup=25, rep=200, return_mode="median") * 1e-3)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="out/sweep")
@@ -141,6 +137,11 @@ def main():
     print("compiled", flush=True)
 
     old = load_baseline(args.baseline) if args.baseline else None
+    # the benchmark's copy bandwidth, so that "of copy" means the same in the sweep and in bench.py
+    # (imported here, not at the top: the spawned compile workers need none of bench.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench import copy_bandwidth
+
     copy = copy_bandwidth()
     print(f"copy {copy / 1e9:.0f} GB/s", flush=True)
     rows = []
