@@ -21,6 +21,11 @@ pin_worker_to_gpu()
 
 import torch  # noqa: E402
 
+# One share of the host's cores per xdist worker. torch's default is every core in every process, and
+# the FP64 reference is CPU work in every worker (docs/gpu-runs.md: where the gate's time goes).
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -53,10 +58,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running; a smaller CPU test covers the same property")
 
 
+def _cost_rank(item) -> int:
+    """On CUDA, start the long tests first, so that no worker begins one when the others are done
+    (on CPU the order is kept: the mutation gate runs the slow property module last on purpose)."""
+    if "slow" in item.keywords:
+        return 0
+    if item.nodeid.startswith("tests/test_properties.py"):
+        return 1
+    return 2
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
     if torch.cuda.is_available():
+        items.sort(key=_cost_rank)  # stable: the same order in every xdist worker
         return
     skip = pytest.mark.skip(reason="GPU-only: needs a CUDA device; run `nox -s gpu-tests` on a CUDA host")
     for item in items:

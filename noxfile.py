@@ -40,7 +40,15 @@ def pytest_args(session: nox.Session, junit: Path, default_workers: str) -> list
     args = list(session.posargs)
     if not any(a == "-n" or a.startswith("-n") or a.startswith("--numprocesses") for a in args):
         args = ["-n", default_workers, *args]
+    if not any(a.startswith("--dist") for a in args):
+        args = ["--dist", "worksteal", *args]  # an idle worker takes queued tests from a busy one
     return ["-m", "pytest", f"--junitxml={junit}", *args]
+
+
+def gpu_workers() -> str:
+    """xdist workers for gpu-tests: Triton compiles and the FP64 reference are CPU work, so half the
+    host's cores (2 threads each, conftest.py), at most 8 (docs/gpu-runs.md: 8 on the H200's 16 cores)."""
+    return str(max(1, min(8, (os.cpu_count() or 2) // 2)))
 
 
 @nox.session
@@ -71,7 +79,7 @@ def gpu_tests(session: nox.Session) -> None:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
         "HYPOTHESIS_PROFILE": "gpu",
     }
-    session.run("python", *pytest_args(session, junit, "0"), env=env)
+    session.run("python", *pytest_args(session, junit, gpu_workers()), env=env)
     check_ran(session, junit)
 
 
