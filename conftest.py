@@ -59,7 +59,8 @@ def pytest_configure(config):
 
 
 def _cost_rank(item) -> int:
-    """On CUDA, start the long tests first, so that no worker begins one when the others are done
+    """On CUDA, the long tests first (the >2**31-element tests, then the property module, whose every
+    example compiles kernels: docs/gpu-runs.md), so that no worker starts one when the others are done
     (on CPU the order is kept: the mutation gate runs the slow property module last on purpose)."""
     if "slow" in item.keywords:
         return 0

@@ -41,7 +41,9 @@ def pytest_args(session: nox.Session, junit: Path, default_workers: str) -> list
     if not any(a == "-n" or a.startswith("-n") or a.startswith("--numprocesses") for a in args):
         args = ["-n", default_workers, *args]
     if not any(a.startswith("--dist") for a in args):
-        args = ["--dist", "worksteal", *args]  # an idle worker takes queued tests from a busy one
+        # One test at a time to whichever worker is free: with the long tests first (conftest.py) that
+        # is longest-first list scheduling, and no worker holds a queue of long tests while others idle.
+        args = ["--dist", "load", "--maxschedchunk", "1", *args]
     return ["-m", "pytest", f"--junitxml={junit}", *args]
 
 
@@ -78,6 +80,9 @@ def gpu_tests(session: nox.Session) -> None:
         "TRITON_INTERPRET": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
         "HYPOTHESIS_PROFILE": "gpu",
+        # Triton's MLIR contexts are multithreaded by default; the xdist workers already keep every
+        # core busy, so each compile runs single-threaded (the generated code is the same either way).
+        "MLIR_DISABLE_MULTITHREADING": "1",
     }
     session.run("python", *pytest_args(session, junit, gpu_workers()), env=env)
     check_ran(session, junit)
