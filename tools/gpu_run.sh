@@ -12,7 +12,7 @@ fi
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  python3 -m pip list 2>/dev/null | grep -i -E '^(hypothesis|pytest|pytest-xdist|numpy|ml.dtypes|mpmath|safetensors|matplotlib) '
+  python3 -m pip list 2>/dev/null | grep -i -E '^(hypothesis|pytest|pytest-xdist|numpy|ml.dtypes|mpmath|safetensors|matplotlib|transformers) '
 } 2>&1 | tee -a "$OUT/run.log"
 for phase in "$@"; do
   start=$(date +%s)

@@ -19,7 +19,7 @@ instead); on CUDA every run starts fresh.
     python tools/mutants.py              # CPU: every CPU mutant against the whole CPU suite
     python tools/mutants.py --gpu        # CUDA: the GPU-only mutants against the gpu-marked tests
     python tools/mutants.py --gpu --all  # CUDA: every mutant against the whole suite
-    python tools/mutants.py --list | --check | --only NAME,NAME
+    python tools/mutants.py --list | --check | --only NAME,NAME [--tests MODULE,MODULE]
 
 Kinds of entry: a CPU mutant must be killed by the CPU suite; a GPU-only mutant (marked gpu) is a
 fault only a GPU can reveal (32-bit offsets past 2**31 elements) and must be killed by the
@@ -1070,6 +1070,10 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
     workers = args.workers if workers is None else workers
     fork = args.fork if fork is None else fork
     files = test_files(scratch, FIRST + home)
+    if args.tests:  # a partial run: only these modules (substrings of names) and node ids (with ::)
+        wanted = args.tests.split(",")
+        nodes = [t for t in wanted if "::" in t]
+        files = [f for f in files if any(t in Path(f).name for t in wanted if "::" not in t)] + nodes
     first = sum(any(Path(f).name.startswith(p) for p in FIRST + home) for f in files)
     stages = [files[:first], files[first:]] if 0 < first < len(files) else [files]
     result = Result(None, "survived", log=str(log_path))
@@ -1181,6 +1185,12 @@ def main(argv=None) -> int:
     p.add_argument("--gpu", action="store_true", help="CUDA mode: GPU-only mutants against the gpu-marked tests")
     p.add_argument("--all", action="store_true", help="with --gpu: every mutant against the whole suite on CUDA")
     p.add_argument("--only", help="comma-separated substrings of mutant names")
+    p.add_argument(
+        "--tests",
+        help="comma-separated substrings of test module names, or pytest node ids (path::test): run only "
+        "those (a partial run: shows that a given test kills a mutant, e.g. --only rope.forward_sine_sign "
+        "--tests tests/test_vs_eager.py::test_partial_rope_matches_eager_rotation)",
+    )
     p.add_argument("--equivalent", action="store_true", help="also run the equivalent mutants (not counted)")
     p.add_argument("--list", action="store_true", help="print the catalog and exit")
     p.add_argument("--check", action="store_true", help="check that every edit applies (exactly one match) and exit")
@@ -1290,8 +1300,9 @@ def main(argv=None) -> int:
 
     report = Path(args.report)
     report.mkdir(parents=True, exist_ok=True)
-    # a partial run (--only, --equivalent, --deselect) must not overwrite the full run's record
-    suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if wanted or args.equivalent or args.deselect else "")
+    # a partial run (--only, --tests, --equivalent, --deselect) must not overwrite the full run's record
+    partial = wanted or args.tests or args.equivalent or args.deselect
+    suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if partial else "")
     (report / f"mutants-{suffix}.md").write_text(text + "\n\n" + summary + "\n")
     rows = [
         dict(

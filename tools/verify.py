@@ -1,5 +1,6 @@
 """The accuracy report: every kernel on the canonical DSV4 (and V3, where present) cases and on the
-golden inputs, against the reference and the goldens.
+golden inputs, against the reference and the goldens; and, on the canonical cases, against
+implementations this project did not write (tests/differential.py, the rows "... vs ...").
 
     python -m tools.verify [--out DIR]          (nox -s verify)
 
@@ -8,6 +9,14 @@ table row per kernel x dtype x direction: elements checked, max error in ULP aga
 rounded reference, share bit-identical to it, error-model violations, golden status. Writes
 report.json, report.md and errors.png (ULP error distributions per rounding stage) to DIR. Exits
 non-zero on any violation or golden mismatch, with the reason in the last line.
+
+Differential rows (direction "forward vs ..." / "backward vs ..."; tests/test_vs_*.py run the same
+checks): the DSV4 kernels against the eager chain of stock torch ops ("vs eager chain": F.rms_norm,
+then the FP32 rotation), the V3 rotations against transformers' DeepSeek-V3 functions run in FP32
+and rounded once ("vs transformers", skipped with a note when transformers is not installed). In
+those rows max ulp and bit-exact compare ours with the other implementation, and a violation is an
+element where the other implementation lies outside our error model, or where the model allows one
+value and the two differ.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ class Table:
     def __init__(self):
         self.rows = defaultdict(lambda: dict(elements=0, violations=0, exact=0, max_ulp=0, golden=set(), first=""))
         self.errors = defaultdict(list)  # stage -> ULP errors, for the histogram
+        self.notes = []  # rows left out, and why: printed under the table
 
     def add(self, kernel, dtype, stage, out, ref, lo, hi, golden_status=None):
         check = judge(out, ref, lo, hi)
@@ -62,6 +72,26 @@ class Table:
         finite = torch.isfinite(ref)
         self.errors[f"{kernel}.{stage} {dtype}"].append(ulps(out, ref)[finite].clamp(max=1 << 20))
         return check
+
+    def add_versus(self, kernel, dtype, direction, ours, theirs, model):
+        """A differential row: ours against another implementation's output `theirs` under `model`."""
+        ours, theirs = ours.detach().cpu(), theirs.detach().cpu()
+        distance = ulp_distance(ours, theirs)
+        value = theirs.to(torch.float64)
+        outside = ~((value >= model.lo) & (value <= model.hi))
+        disagree = (model.lo == model.hi) & (distance > 0)
+        bad = outside | disagree
+        row = self.rows[(kernel, dtype, direction)]
+        row["elements"] += theirs.numel()
+        row["violations"] += int(bad.sum())
+        row["exact"] += int((distance == 0).sum())
+        row["max_ulp"] = max(row["max_ulp"], int(distance.max()) if distance.numel() else 0)
+        if bad.any() and not row["first"]:
+            i = tuple(bad.nonzero()[0].tolist())
+            row["first"] = (
+                f"first at index {list(i)}: ours {ours[i].item()!r}, theirs {theirs[i].item()!r}, "
+                f"allowed [{model.lo[i].item()!r}, {model.hi[i].item()!r}]"
+            )
 
 
 def canonical_cases():
@@ -82,6 +112,7 @@ def canonical_cases():
 def run_canonical(table: Table, progress):
     from reference import qnorm_rope
     from reference.rope import partial_rope
+    from tests.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
 
     for name, dtype, x, grad, cos, sin in canonical_cases():
         progress(f"canonical {name}")
@@ -99,6 +130,15 @@ def run_canonical(table: Table, progress):
         for stage, model in models.items():
             kernel, part = stage.split(".")
             table.add(kernel, dtype, part, outputs[stage], model.ref, model.lo, model.hi)
+        eager = {
+            "qnorm_rope": forward_backward(eager_qnorm_rope, x, grad, cos, sin, 64, 1e-6),
+            "partial_rope": forward_backward(eager_partial_rope, x, grad, cos, sin, 64),
+        }
+        for kernel, (out, dx) in eager.items():
+            for part, theirs in (("out", out), ("dx", dx)):
+                stage = f"{kernel}.{part}"
+                direction = f"{DIRECTION[part]} vs eager chain"
+                table.add_versus(kernel, dtype, direction, outputs[stage], theirs, models[stage])
     try:
         import dsrope.rope_utils  # noqa: F401
         import reference.rope_utils  # noqa: F401
@@ -109,7 +149,8 @@ def run_canonical(table: Table, progress):
 
 
 def run_v3(table: Table, progress):
-    """The V3 utilities on a bshd query rope slice (d = 64), both pairings, every dtype."""
+    """The V3 utilities on a bshd query rope slice (d = 64), both pairings, every dtype; forward and
+    backward against transformers' DeepSeek-V3 functions where transformers is installed."""
     from dsrope.rope_utils import (
         apply_rotary_emb,
         apply_rotary_emb_half_split,
@@ -117,21 +158,37 @@ def run_v3(table: Table, progress):
         precompute_freqs_cis,
     )
     from reference import rope_utils as v3
+    from tests.differential import TRANSFORMERS_MISSING, transformers_deepseek_v3, transformers_rotation_bshd
 
+    hf = transformers_deepseek_v3()
+    if hf is None:
+        table.notes.append(f"vs transformers rows skipped: {TRANSFORMERS_MISSING}")
+        progress(table.notes[-1])
     device = golden.kernel_device()
     freqs = precompute_freqs_cis(64, 4096, 10000.0, None)
     g = torch.Generator().manual_seed(9)
     positions = torch.randint(0, 4096, (2, 16), generator=g).to(device)
     table64 = freqs_cis_from_position_ids(positions, freqs)
+    g_grad = torch.Generator().manual_seed(10)  # its own: the inputs above stay those of every run
     for dtype in ("bfloat16", "float16", "float32"):
         progress(f"canonical v3 {golden.SHORT[dtype]}")
         x = torch.randn(2, 16, 8, 64, generator=g, dtype=torch.float64).to(golden.DTYPES[dtype]).to(device)
-        for kernel, fn, model in (
-            ("v3_interleaved", apply_rotary_emb, v3.interleaved),
-            ("v3_half_split", apply_rotary_emb_half_split, v3.half_split),
+        for kernel, fn, pairing in (
+            ("v3_interleaved", apply_rotary_emb, "interleaved"),
+            ("v3_half_split", apply_rotary_emb_half_split, "half_split"),
         ):
-            m = model(x, table64)
-            table.add(kernel, dtype, "out", fn(x, table64), m.ref, m.lo, m.hi)
+            m = v3.rotation(x, table64, pairing)
+            out = fn(x, table64)
+            table.add(kernel, dtype, "out", out, m.ref, m.lo, m.hi)
+            if hf is None:
+                continue
+            grad = torch.randn(x.shape, generator=g_grad, dtype=torch.float64).to(x.dtype).to(device)
+            xg = x.detach().requires_grad_()
+            (dx,) = torch.autograd.grad(fn(xg, table64), xg, grad)
+            theirs_out, theirs_dx = transformers_rotation_bshd(hf, pairing, x, table64, grad)
+            table.add_versus(kernel, dtype, "forward vs transformers", out, theirs_out, m)
+            dm = v3.rotation(grad, table64.conj(), pairing)
+            table.add_versus(kernel, dtype, "backward vs transformers", dx, theirs_dx, dm)
 
 
 def run_goldens(table: Table, progress) -> list[str]:
@@ -199,6 +256,7 @@ def render(table: Table, meta: dict) -> tuple[str, list[dict]]:
             f"| {r['kernel']} | {r['dtype']} | {r['direction']} | {r['elements']} | {r['max_ulp']} | "
             f"{r['bit_exact']:.4%} | {r['violations']} | {r['golden']} |"
         )
+    lines += ["", *(f"note: {n}" for n in table.notes)] if table.notes else []
     return "\n".join(lines), rows
 
 
