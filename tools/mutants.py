@@ -939,7 +939,7 @@ CATALOG = [
 HOME = {
     ROPE: ("test_rope.py",),
     QNORM: ("test_qnorm_rope.py",),
-    UTILS: ("test_rope_utils.py",),
+    UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
     COMMON: ("test_qnorm_rope.py",),  # swap_pairs and pair_table serve the QNorm backward only
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
