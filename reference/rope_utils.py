@@ -1,4 +1,5 @@
-"""Oracle for the DeepSeek-V3 rope utilities: mpmath tables, FP64 rotations for both pairings.
+"""Oracle for the DeepSeek-V3 rope utilities: mpmath tables and their error models, upstream's FP32
+table transcribed, FP64 rotations for both pairings.
 
 Tables (mpmath, PREC bits, then compared to the FP32 tables):
   inverse frequencies  f_j = theta ** (-2j / d); YaRN (when rope_scaling carries factor,
@@ -8,10 +9,28 @@ Tables (mpmath, PREC bits, then compared to the FP32 tables):
     ramp_j = clamp((j - low) / (high - low), 0, 1),  f_j <- f_j / factor * ramp_j + f_j * (1 - ramp_j).
   rotation table  angle = fl32(fl32(p) * f_j) (the FP32 product: part of the definition, reproduced
     exactly here), entry = (cos angle, sin angle) evaluated in mpmath.
-Error model of a table entry (FP32 output t, exact value v): |t - v| <= TABLE_REL * |v|, with
-TABLE_REL = 2**-24 + 2**-40: one rounding to FP32 (at most 2**-24 relative, the unit roundoff) of
-a value computed with FP64-level accuracy (pow, log, cos in FP64 are within a few 2**-53 relative,
-far below the 2**-40 allowed). An FP32 pow or cos (errors of several FP32 ulps) falls outside it.
+
+Two tables, two error models (u = 2**-24, the unit roundoff of FP32):
+- The trained table (dsrope's default): upstream's op sequence in FP32 (`upstream_frequencies` and
+  `upstream_table` below transcribe it). Inverse frequencies: each entry within its own relative
+  bound from `fp32_frequency_bounds` (derivation there: pow within 1 ulp, each IEEE op one
+  rounding, the YaRN ramp's rounding amplified where the blend is small). Measured on CPU (torch
+  2.13): DeepSeek-V3 (d 64, theta 1e4, YaRN factor 40, beta 32/1, original 4096) max relative
+  error 2.13 u (pair 19, inside the ramp; bound there 6.9 u, at most 7.0 u over the table); plain
+  theta 1e4, d 64: 1.17 u; plain theta 1e6, d 128: 1.38 u (bound 3.0 u for every plain entry with
+  d a power of two: pow's 1 ulp and the reciprocal's rounding).
+  cos and sin: torch.polar in FP32 of the exact FP32 angle, i.e. the C library's cosf and sinf:
+  within `ulps` units in the last place of the exact value (CPU, glibc: 1, its documented bound;
+  CUDA's cosf/sinf: 2, the CUDA programming guide's). The argument is an exact float, so this
+  relative statement holds near the zeros of cos too (no float is a zero of cos, and both
+  libraries reduce the argument exactly); since |v| <= 1 it gives the absolute bound
+  |t - v| <= ulps * 2**-24 that a rotation sees. Measured on the whole DeepSeek-V3 table (163840
+  positions x 32 pairs, CPU): max 0.5604 ulp for cos and for sin (0.547 * 2**-24 absolute);
+  98.8% of the cos and 98.6% of the sin entries correctly rounded.
+- fp64=True: computed in FP64, rounded once: |t - v| <= TABLE_REL * |v| with
+  TABLE_REL = 2**-24 + 2**-40: one rounding to FP32 of a value with FP64-level accuracy (pow, log,
+  cos in FP64 are within a few 2**-53 relative, far below the 2**-40 allowed). The trained table
+  falls outside it (its pow and cosf err by up to about 0.56 FP32 ulp).
 
 Rotations (x's dtype, exact inputs, one rounding; reference/rope.py's per-element model: an FP32
 computation of a*c - b*s in any order, with or without FMA):
@@ -23,6 +42,8 @@ dims of x are the table's rows, a head dim (if any) shares its token's row.
 
 from __future__ import annotations
 
+import math
+
 import mpmath
 import torch
 from mpmath import libmp
@@ -33,6 +54,8 @@ from reference.rope import Model, interleave, rotate_pairs
 
 PREC = 128
 TABLE_REL = 2.0**-24 + 2.0**-40
+U = 2.0**-24  # unit roundoff of FP32
+POW_ULPS = 1  # torch's FP32 pow on CPU: SLEEF's powf_u10 (vectorized) or the C library's powf, each <= 1 ulp
 YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
 PAIRINGS = ("interleaved", "half_split")
 
@@ -91,19 +114,89 @@ def _to_fp32(v: mpmath.mpf, rounding: str) -> float:
     return float(mpmath.mpf(libmp.mpf_pos(v._mpf_, 24, rounding)))
 
 
-def table_model(exact: list, shape) -> Model:
-    """Correctly rounded FP32 values and the FP32 interval |t - v| <= TABLE_REL |v|, as FP64 tensors."""
-    with mpmath.workprec(PREC):
-        rel = mpmath.mpf(TABLE_REL)
-        ref = [_to_fp32(v, "n") for v in exact]
-        lo = [_to_fp32(v - rel * abs(v), "c") for v in exact]
-        hi = [_to_fp32(v + rel * abs(v), "f") for v in exact]
+def _model(ref: list, lo: list, hi: list, shape) -> Model:
     as_tensor = lambda values: torch.tensor(values, dtype=torch.float64).reshape(shape)
     return Model(as_tensor(ref), as_tensor(lo), as_tensor(hi))
 
 
-def frequencies(dim: int, max_seq_len: int, theta: float, rope_scaling=None) -> Model:
-    return table_model(inverse_frequencies(dim, max_seq_len, theta, rope_scaling), (dim // 2,))
+def table_model(exact: list, shape, rel=TABLE_REL) -> Model:
+    """Correctly rounded FP32 values and the FP32 interval |t - v| <= rel |v| (rel: one number, or a
+    list with one per entry), as FP64 tensors."""
+    rels = rel if isinstance(rel, list) else [rel] * len(exact)
+    with mpmath.workprec(PREC):
+        ref = [_to_fp32(v, "n") for v in exact]
+        lo = [_to_fp32(v - mpmath.mpf(r) * abs(v), "c") for v, r in zip(exact, rels, strict=True)]
+        hi = [_to_fp32(v + mpmath.mpf(r) * abs(v), "f") for v, r in zip(exact, rels, strict=True)]
+    return _model(ref, lo, hi, shape)
+
+
+def ulp_model(exact: list, shape, ulps: float) -> Model:
+    """Correctly rounded FP32 values and the FP32 interval |t - v| <= ulps * ulp(v), ulp(v) the FP32
+    spacing at v, 2**(floor(log2|v|) - 23); an exact zero allows only zero."""
+    with mpmath.workprec(PREC):
+        ref = [_to_fp32(v, "n") for v in exact]
+        reach = [ulps * mpmath.ldexp(1, mpmath.frexp(v)[1] - 24) if v else mpmath.mpf(0) for v in exact]
+        lo = [_to_fp32(v - r, "c") for v, r in zip(exact, reach, strict=True)]
+        hi = [_to_fp32(v + r, "f") for v, r in zip(exact, reach, strict=True)]
+    return _model(ref, lo, hi, shape)
+
+
+def frequencies(dim: int, max_seq_len: int, theta: float, rope_scaling=None, fp64: bool = False) -> Model:
+    """Model of the FP32 inverse frequencies: the trained table's per-entry bounds, or TABLE_REL (fp64)."""
+    exact = inverse_frequencies(dim, max_seq_len, theta, rope_scaling)
+    rel = TABLE_REL if fp64 else fp32_frequency_bounds(dim, max_seq_len, theta, rope_scaling)
+    return table_model(exact, (dim // 2,), rel)
+
+
+def fp32_frequency_bounds(dim: int, max_seq_len: int, theta: float, rope_scaling=None) -> list:
+    """Relative error bound of each entry of the trained (FP32) inverse frequencies vs the exact f_j.
+
+    Only pow is approximate; +, -, *, / are IEEE operations, each correctly rounded, so where their
+    operands are known exactly (the exponents, the YaRN ramp) their FP32 results are computed here.
+    Plain: e' = fl(2j / d) (exact when d is a power of two) and theta' = fl(theta) make
+    theta'^-e' = f / (1 + rho) with rho computed here; p = pow(theta', e') within POW_ULPS ulp (2u
+    relative each) and f' = fl(1 / p) give |f' / f - 1| <= r1 = (1 + u) / ((1 - |rho|)(1 - 2u POW_ULPS)) - 1.
+    YaRN: the FP32 ramp r = clamp(fl((j - low) / w)) (w: the FP32 width, from upstream's Python
+    (high + 0.001) - low where the ramp has zero width), smooth = fl(1 - r) and a = fl(1 - smooth)
+    are computed exactly. The blend fl(fl(fl(f' / F') a) + fl(f' smooth)) is a sum of nonnegative
+    terms, each within (1 + r1)(1 + phi)(1 + u)(1 + u) - 1 resp. (1 + r1)(1 + u) - 1 of its exact
+    value (phi: F' = fl(factor) vs factor; a product by 0 or 1 is exact, a term times 0 absent),
+    plus u for the sum of two terms: r_b of V = f (a / F + smooth). V differs from the exact
+    f (R / F + 1 - R) by s = |a / F + smooth - (R / F + 1 - R)| / (R / F + 1 - R) relative: the FP32
+    ramp's rounding, amplified where the blend is small (R near 1, a large factor).
+    Bound: (1 + r_b)(1 + s) - 1.
+    """
+    with mpmath.workprec(PREC):
+        u = mpmath.mpf(U)
+        fl = lambda v: mpmath.mpf(_to_fp32(mpmath.mpf(v), "n"))
+        theta_32 = fl(theta)
+        plain = []
+        for j in range(dim // 2):
+            e = mpmath.mpf(2 * j) / dim
+            rho = abs(theta_32 ** fl(e) / mpmath.mpf(theta) ** e - 1)
+            plain.append((1 + u) / ((1 - rho) * (1 - 2 * u * POW_ULPS)) - 1)
+        if not yarn_applies(max_seq_len, rope_scaling):
+            return plain
+        low, high = yarn_ramp_bounds(dim, theta, rope_scaling)
+        zero_width = high != int(high)
+        width_32 = fl(float(low) + 0.001 - float(low) if zero_width else high - low)
+        factor = mpmath.mpf(rope_scaling["factor"])
+        phi = abs(factor / fl(factor) - 1)
+        clamp = lambda v: min(max(v, mpmath.mpf(0)), mpmath.mpf(1))
+        out = []
+        for j, r1 in enumerate(plain):
+            exact_ramp = clamp((j - low) / (high - low))
+            ramp = clamp(fl((j - low) / width_32))
+            smooth = fl(1 - ramp)
+            a = fl(1 - smooth)
+            rounds = lambda w: u if 0 < w < 1 else 0  # a product by 0 or 1 is exact
+            terms = [(1 + r1) * (1 + phi) * (1 + u) * (1 + rounds(a))] if a else []
+            terms += [(1 + r1) * (1 + rounds(smooth))] if smooth else []
+            r_b = max(terms) * (1 + (u if len(terms) == 2 else 0)) - 1
+            exact = exact_ramp / factor + 1 - exact_ramp
+            s = abs(a / factor + smooth - exact) / exact
+            out.append((1 + r_b) * (1 + s) - 1)
+        return out
 
 
 def fp32_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -112,14 +205,51 @@ def fp32_angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return round_nearest(p[..., None] * freqs.to("cpu", torch.float64), torch.float32)
 
 
-def rotation_table(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[Model, Model]:
-    """cos and sin models [*positions.shape, d/2] of the FP32 angles."""
+def rotation_table(positions: torch.Tensor, freqs: torch.Tensor, ulps: float | None = None) -> tuple[Model, Model]:
+    """cos and sin models [*positions.shape, d/2] of the FP32 angles: the trained table's (cosf and sinf
+    within `ulps` ulp), or, with ulps None, the fp64 table's (TABLE_REL)."""
     angles = fp32_angles(positions, freqs)
     with mpmath.workprec(PREC):
         exact = [mpmath.mpf(a) for a in angles.flatten().tolist()]
         cos = [mpmath.cos(a) for a in exact]
         sin = [mpmath.sin(a) for a in exact]
-    return table_model(cos, angles.shape), table_model(sin, angles.shape)
+    if ulps is None:
+        return table_model(cos, angles.shape), table_model(sin, angles.shape)
+    return ulp_model(cos, angles.shape, ulps), ulp_model(sin, angles.shape, ulps)
+
+
+# --- the trained table: upstream's FP32 op sequence, transcribed -----------------------------------
+# From DeepSeek's reference inference code (deepseek-ai/DeepSeek-V3, inference/model.py,
+# precompute_freqs_cis) and NVIDIA NeMo Automodel (nemo_automodel/components/models/deepseek_v3/
+# rope_utils.py: precompute_freqs_cis, freqs_cis_from_position_ids), the code DeepSeek-V3 models were
+# trained and published with: the same ops in the same order on the same dtypes (FP32 tensors,
+# Python number operands), so that dsrope's default table is held to it bit for bit.
+
+
+def upstream_frequencies(dim: int, max_seq_len: int, theta, rope_scaling=None) -> torch.Tensor:
+    """FP32 [d/2]: upstream precompute_freqs_cis's frequencies, before the outer product."""
+
+    def correction_dim(rotations):
+        original = rope_scaling["original_max_position_embeddings"]
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    if yarn_applies(max_seq_len, rope_scaling):
+        low = max(math.floor(correction_dim(rope_scaling["beta_fast"])), 0)
+        high = min(math.ceil(correction_dim(rope_scaling["beta_slow"])), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+        smooth = 1 - ramp
+        freqs = freqs / rope_scaling["factor"] * (1 - smooth) + freqs * smooth
+    return freqs
+
+
+def upstream_table(position_ids: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """complex64 [B, T, d/2]: Automodel's freqs_cis_from_position_ids (complex format) for integer
+    position_ids [B, T], on their device (DeepSeek's torch.outer(arange(seqlen), freqs) is its B = 1)."""
+    angles = torch.einsum("bt,d->btd", position_ids.to(dtype=torch.float32), freqs.to(position_ids.device))
+    return torch.polar(torch.ones_like(angles), angles)
 
 
 # --- rotations in FP64 ----------------------------------------------------------------------------

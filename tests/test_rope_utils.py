@@ -1,10 +1,14 @@
 """dsrope.rope_utils (DeepSeek-V3 rope utilities) against reference/rope_utils.py.
 
 Error models (that module's docstring):
-- tables (inverse frequencies, YaRN, cos/sin rows): every FP32 entry t within TABLE_REL = 2**-24 +
-  2**-40 relative of the mpmath value v: one rounding to FP32 (unit roundoff 2**-24) of a value
-  computed with FP64-level accuracy. The FP32 angle fl32(fl32(p) * f) is part of the definition and
-  reproduced exactly by the reference.
+- tables, default (the trained table): bit for bit upstream's FP32 op sequence (reference's
+  transcription of DeepSeek's inference/model.py and Automodel's deepseek_v3/rope_utils.py), and
+  against mpmath: each inverse frequency within its own derived relative bound (measured max
+  2.13 * 2**-24 for DeepSeek-V3, bound there 6.9 * 2**-24), cos and sin within COS_SIN_ULPS ulp
+  (measured max 0.5604 ulp on CPU over the whole DeepSeek-V3 table).
+- tables, fp64=True: every FP32 entry t within TABLE_REL = 2**-24 + 2**-40 relative of the mpmath
+  value v: one rounding to FP32 of a value computed with FP64-level accuracy.
+  The FP32 angle fl32(fl32(p) * f) is part of both definitions and reproduced exactly by the reference.
 - rotations: reference/rope.py's per-element interval (an FP32 computation of a*c - b*s, any
   order, FMA or not, one rounding into x's dtype); zero elements outside it, in bf16 >= 99% equal
   to the correctly rounded value bit for bit.
@@ -32,7 +36,7 @@ from dsrope.rope_utils import (
 )
 from reference import rope_utils as ref
 from reference.rope import Model
-from tests.common import DEVICE, DTYPES, gen, values
+from tests.common import DEVICE, DTYPES, ON_GPU, gen, values
 from tests.layouts import Layout, layout_of, materialize
 
 V3_SCALING = dict(
@@ -45,6 +49,9 @@ V3_SCALING = dict(
     original_max_position_embeddings=4096,
 )
 V3_MAX_SEQ = 163840
+# The trained table's cos and sin are the device's FP32 cosf/sinf of the exact FP32 angle: glibc's on
+# CPU (documented bound 1 ulp), CUDA's on a GPU (2 ulp, the CUDA programming guide).
+COS_SIN_ULPS = 2 if ON_GPU else 1
 
 
 def v3_freqs(dim: int) -> torch.Tensor:
@@ -112,14 +119,65 @@ FREQUENCY_CASES = {
 }
 
 
+@pytest.mark.parametrize("fp64", [False, True], ids=["trained", "fp64"])
 @pytest.mark.parametrize("name", list(FREQUENCY_CASES))
-def test_inverse_frequencies_against_mpmath(name):
+def test_inverse_frequencies_against_mpmath(name, fp64):
+    """Trained (FP32) table: each entry within its derived bound (reference.fp32_frequency_bounds;
+    measured on CPU: DeepSeek-V3 max 2.13 * 2**-24 relative at pair 19, plain theta 1e6 d 128 max
+    1.38 * 2**-24). fp64: within TABLE_REL, and >= 99% correctly rounded."""
+    dim, max_seq_len, theta, scaling = FREQUENCY_CASES[name]
+    freqs = precompute_freqs_cis(dim, max_seq_len, theta, scaling, fp64=fp64)
+    assert freqs.dtype == torch.float32 and freqs.shape == (dim // 2,)
+    check = ref.frequencies(dim, max_seq_len, theta, scaling, fp64=fp64).judge(freqs)
+    assert_within(check, name)
+    if fp64:
+        assert check.exact_fraction >= 0.99, f"{name}: {check}"
+
+
+def test_fp64_model_tells_the_tables_apart():
+    """The trained DeepSeek-V3 frequencies fall outside the fp64 model (TABLE_REL; 6 of 32 entries on
+    CPU with torch 2.13): the two models are not one model stated twice, and the tables differ."""
+    freqs = v3_freqs(64)
+    check = ref.frequencies(64, V3_MAX_SEQ, 10000.0, V3_SCALING, fp64=True).judge(freqs)
+    assert check.violations >= 1, check
+    assert not torch.equal(freqs, precompute_freqs_cis(64, V3_MAX_SEQ, 10000.0, V3_SCALING, fp64=True))
+
+
+# --- the trained table: upstream's FP32 computation, bit for bit -----------------------------------
+
+# name: (FREQUENCY_CASES entry): DeepSeek-V3, a plain table with another theta and width, a YaRN
+# ramp clamped at 0 with factor 4
+UPSTREAM_TABLES = ("v3_yarn", "plain_none", "yarn_low_clamped_to_0")
+LARGE_POSITIONS = [(1 << 24) - 1, (1 << 24) + 1, (1 << 31) - 1]  # rounded to FP32 before the product
+
+
+@pytest.mark.parametrize("name", list(FREQUENCY_CASES))
+def test_frequencies_equal_upstream(name):
+    """The default frequencies are upstream's FP32 frequencies bit for bit."""
     dim, max_seq_len, theta, scaling = FREQUENCY_CASES[name]
     freqs = precompute_freqs_cis(dim, max_seq_len, theta, scaling)
-    assert freqs.dtype == torch.float32 and freqs.shape == (dim // 2,)
-    check = ref.frequencies(dim, max_seq_len, theta, scaling).judge(freqs)
-    assert_within(check, name)
-    assert check.exact_fraction >= 0.99, f"{name}: {check}"
+    assert torch.equal(freqs, ref.upstream_frequencies(dim, max_seq_len, theta, scaling))
+
+
+@pytest.mark.parametrize("name", UPSTREAM_TABLES)
+def test_tables_equal_upstream(name):
+    """Complex (bshd; thd at every fifth) and fused tables at every position 0 .. max_seq_len - 1,
+    at random positions of a batch of two and past 2**24: upstream's torch.polar of the FP32 angle bit for
+    bit (on CPU upstream's own table; on CUDA what the same code builds there); the fused table's
+    cos and sin are the complex table's real and imaginary parts."""
+    dim, max_seq_len, theta, scaling = FREQUENCY_CASES[name]
+    freqs = precompute_freqs_cis(dim, max_seq_len, theta, scaling)
+    every = torch.arange(max_seq_len, device=DEVICE)[None]
+    upstream = ref.upstream_table(every, freqs)
+    assert torch.equal(freqs_cis_from_position_ids(every, freqs), upstream)
+    assert torch.equal(freqs_cis_from_position_ids(every[0, ::5], freqs, "thd"), upstream[0, ::5])
+    fused = freqs_cis_from_position_ids(every, freqs, for_fused_rope=True)
+    assert torch.equal(fused[0], torch.cat((upstream[0].real, upstream[0].real), -1))
+    assert torch.equal(fused[1], torch.cat((upstream[0].imag, upstream[0].imag), -1))
+    picked = torch.randint(0, max_seq_len, (2, 61), generator=gen(40))
+    picked[1, :3] = torch.tensor(LARGE_POSITIONS)
+    picked = picked.to(DEVICE)
+    assert torch.equal(freqs_cis_from_position_ids(picked, freqs), ref.upstream_table(picked, freqs))
 
 
 def test_yarn_ramp_shape():
@@ -135,34 +193,42 @@ def test_yarn_ramp_shape():
     assert ((yarn[11:23] < plain[11:23]) & (yarn[11:23] > plain[11:23] / 40)).all()
 
 
-def test_rotation_table_against_mpmath():
-    """Complex rows [B, S, d/2] and [T, d/2]: cos, sin of the FP32 angle, each within TABLE_REL."""
+@pytest.mark.parametrize("fp64", [False, True], ids=["trained", "fp64"])
+def test_rotation_table_against_mpmath(fp64):
+    """Complex rows [B, S, d/2] and [T, d/2]: cos, sin of the FP32 angle. Trained: within
+    COS_SIN_ULPS ulp (measured on CPU over the whole DeepSeek-V3 table: max 0.5604 ulp, for cos at
+    position 31602 pair 7 and for sin at position 75736 pair 31, both among the positions here);
+    fp64: within TABLE_REL."""
     freqs = v3_freqs(64)
     positions = torch.randint(0, 1 << 20, (2, 8), generator=gen(1))
-    positions[0, :3] = torch.tensor([0, 1, (1 << 24) - 1])
+    positions[0, :5] = torch.tensor([0, 1, (1 << 24) - 1, 31602, 75736])
     for qkv_format, pos in (("bshd", positions), ("thd", positions[1])):
-        table = freqs_cis_from_position_ids(pos.to(DEVICE), freqs, qkv_format)
+        table = freqs_cis_from_position_ids(pos.to(DEVICE), freqs, qkv_format, fp64=fp64)
         assert table.dtype == torch.complex64 and table.shape == (*pos.shape, 32), table.shape
-        cos, sin = ref.rotation_table(pos, freqs)
+        cos, sin = ref.rotation_table(pos, freqs, None if fp64 else COS_SIN_ULPS)
         assert_within(cos.judge(table.real), f"{qkv_format} cos")
         assert_within(sin.judge(table.imag), f"{qkv_format} sin")
 
 
+@pytest.mark.parametrize("fp64", [False, True], ids=["trained", "fp64"])
 @pytest.mark.parametrize("qkv_format,cp_size", [("bshd", 1), ("bshd", 2), ("thd", 1), ("thd", 3)])
-def test_fused_table_format(qkv_format, cp_size):
+def test_fused_table_format(qkv_format, cp_size, fp64):
     """float32 [2, P, d], P = position_ids.shape[-1] * cp_size: row p is position p, cos then sin,
-    both halves of a row equal; only the shape of position_ids matters."""
+    both halves of a row equal, bit for bit the complex table's real and imaginary parts at
+    positions 0 .. P-1; only the shape of position_ids matters."""
     freqs = v3_freqs(16)
     shape = (2, 6) if qkv_format == "bshd" else (6,)
     ids = torch.randint(0, 1000, shape, generator=gen(2)).to(DEVICE)
-    fused = freqs_cis_from_position_ids(ids, freqs, qkv_format, for_fused_rope=True, cp_size=cp_size)
+    fused = freqs_cis_from_position_ids(ids, freqs, qkv_format, for_fused_rope=True, cp_size=cp_size, fp64=fp64)
     positions = 6 * cp_size
     assert fused.dtype == torch.float32 and fused.shape == (2, positions, 16), fused.shape
     assert torch.equal(fused[:, :, :8], fused[:, :, 8:])
-    cos, sin = ref.rotation_table(torch.arange(positions), freqs)
+    rows = freqs_cis_from_position_ids(torch.arange(positions, device=DEVICE), freqs, "thd", fp64=fp64)
+    assert torch.equal(fused[0, :, :8], rows.real) and torch.equal(fused[1, :, :8], rows.imag)
+    cos, sin = ref.rotation_table(torch.arange(positions), freqs, None if fp64 else COS_SIN_ULPS)
     assert_within(cos.judge(fused[0, :, :8]), "fused cos")
     assert_within(sin.judge(fused[1, :, :8]), "fused sin")
-    other = freqs_cis_from_position_ids(ids + 7, freqs, qkv_format, for_fused_rope=True, cp_size=cp_size)
+    other = freqs_cis_from_position_ids(ids + 7, freqs, qkv_format, for_fused_rope=True, cp_size=cp_size, fp64=fp64)
     assert torch.equal(fused, other)
 
 
@@ -476,6 +542,7 @@ def refused_cases():
         (pre, dict(max_seq_len=0), ValueError, "max_seq_len", ">= 1"),
         (pre, dict(rope_theta=1.0), ValueError, "rope_theta", "> 1"),
         (pre, dict(rope_theta=float("nan")), ValueError, "rope_theta", "finite"),
+        (pre, dict(fp64=1), TypeError, "fp64", "bool"),
         (pre, dict(rope_scaling=[("factor", 40)]), TypeError, "rope_scaling", "dict"),
         (pre, dict(rope_scaling=dict(yarn, factor=-1)), ValueError, "rope_scaling['factor']", "> 0"),
         (
@@ -500,6 +567,7 @@ def refused_cases():
         (pos, dict(freqs=freqs.double()), TypeError, "freqs", "float32"),
         (pos, dict(cp_size=0), ValueError, "cp_size", ">= 1"),
         (pos, dict(for_fused_rope="yes"), TypeError, "for_fused_rope", "bool"),
+        (pos, dict(fp64="no"), TypeError, "fp64", "bool"),
         (rot, dict(x=x[0]), ValueError, "x", "rank 4"),
         (rot, dict(x=x.to(torch.int32)), TypeError, "x", "dtype"),
         (rot, dict(x=x.double()), TypeError, "x", "dtype"),

@@ -9,7 +9,10 @@ snapshots of what the kernels computed on those inputs.
 
 The reference goldens are computed from `reference/` only, never from the kernels: fixed seeds,
 FP64 reference, deterministic serialization (safetensors with one metadata entry, JSON with
-sorted keys), so regenerating gives the same bytes.
+sorted keys), so regenerating gives the same bytes. One input is FP32 on purpose: the V3 cases'
+cos/sin are the table DeepSeek-V3 was trained with (upstream's FP32 pow and cosf/sinf on CPU, as
+reference/rope_utils.py transcribes it): regenerating gives the same bytes where torch's CPU pow
+and the C library's cosf/sinf give the bits they gave when recorded (torch 2.13, glibc 2.36, AVX-512).
 
 golden/reference/<case>.safetensors holds, per case:
   input.<name>     the logical values (contiguous) in the dtype the kernel gets; the layout the kernel
@@ -262,11 +265,24 @@ def v3_tokens(case: Case) -> tuple[int, ...]:
     return case.shape[:2] if case.qkv_format == "bshd" else case.shape[:1]
 
 
+# DeepSeek-V3's rope: theta 10000 and its YaRN scaling, for max_seq_len 163840
+V3_ROPE = dict(
+    theta=10000.0,
+    max_seq_len=163840,
+    rope_scaling=dict(factor=40, beta_fast=32, beta_slow=1, original_max_position_embeddings=4096),
+)
+
+
 def make_v3_tables(tokens: tuple[int, ...], half: int, g: torch.Generator):
-    """cos, sin FP32 [*tokens, d/2] of a DeepSeek-V3 complex table (theta 10000, positions < 2**16)."""
-    inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / (2 * half))
-    ang = torch.randint(0, 1 << 16, tokens, generator=g).double()[..., None] * inv
-    return torch.cos(ang).float(), torch.sin(ang).float()
+    """cos, sin FP32 [*tokens, d/2] of the complex table DeepSeek-V3 models were trained with (its
+    rope config, positions < 163840): upstream's FP32 computation as reference/rope_utils.py
+    transcribes it, on CPU."""
+    from reference.rope_utils import upstream_frequencies, upstream_table
+
+    freqs = upstream_frequencies(2 * half, V3_ROPE["max_seq_len"], V3_ROPE["theta"], V3_ROPE["rope_scaling"])
+    positions = torch.randint(0, V3_ROPE["max_seq_len"], tokens, generator=g)
+    table = upstream_table(positions.reshape(1, -1), freqs).reshape(*tokens, half)
+    return table.real.contiguous(), table.imag.contiguous()
 
 
 def make_inputs(case: Case) -> dict[str, torch.Tensor]:

@@ -774,7 +774,10 @@ CATALOG = [
         "utils.kernel_table_real_imag_swapped",
         UTILS,
         "the cached-table path passes sin as cos (real/imag swapped)",
-        ("cos, sin = table.real, table.imag", "cos, sin = table.imag, table.real"),
+        (
+            "cos, sin = table.real, table.imag\n        return _kernel(",
+            "cos, sin = table.imag, table.real\n        return _kernel(",
+        ),
     ),
     mutant(
         "utils.kernel_conjugate_table",
@@ -795,13 +798,13 @@ CATALOG = [
         "utils.frequency_index_off_by_one",
         UTILS,
         "inverse frequencies start at theta**(-2/d) instead of 1",
-        ("freqs = theta ** (-2 * j / dim)", "freqs = theta ** (-2 * (j + 1) / dim)"),
+        ("torch.arange(0, dim, 2, dtype=dtype)", "torch.arange(2, dim + 2, 2, dtype=dtype)"),
     ),
     mutant(
         "utils.yarn_ramp_off_by_one",
         UTILS,
         "the YaRN ramp starts one channel early: (j - low + 1) / (high - low)",
-        ("ramp = ((j - low) / (high - low)).clamp(0, 1)", "ramp = ((j - low + 1) / (high - low)).clamp(0, 1)"),
+        ("(torch.arange(dim // 2, dtype=dtype) - low)", "(torch.arange(dim // 2, dtype=dtype) - low + 1)"),
     ),
     mutant(
         "utils.yarn_low_rounded_up",
@@ -819,7 +822,10 @@ CATALOG = [
         "utils.yarn_ramp_inverted",
         UTILS,
         "YaRN divides the high-frequency channels by factor instead of the low ones",
-        ("freqs = freqs / factor * ramp + freqs * (1 - ramp)", "freqs = freqs * ramp + freqs / factor * (1 - ramp)"),
+        (
+            "freqs = freqs / factor * (1 - smooth) + freqs * smooth",
+            "freqs = freqs * (1 - smooth) + freqs / factor * smooth",
+        ),
     ),
     mutant(
         "utils.yarn_at_original_length",
@@ -830,10 +836,72 @@ CATALOG = [
     mutant(
         "utils.angle_in_fp64",
         UTILS,
-        "angles p * freq computed in FP64 instead of the FP32 product",
+        "angles p * freq computed and kept in FP64 (cos and sin of the exact product) instead of the FP32 product",
+        (
+            "angle = positions.to(torch.float32)[..., None] * freqs\n"
+            "    angle = angle.to(torch.float64 if fp64 else torch.float32)",
+            "angle = positions.to(torch.float64)[..., None] * freqs.double()",
+        ),
+    ),
+    mutant(
+        "utils.angle_position_unrounded",
+        UTILS,
+        "positions past 2**24 enter the angle unrounded (fl32(p * f), not fl32(fl32(p) * f))",
         (
             "angle = positions.to(torch.float32)[..., None] * freqs",
             "angle = positions.to(torch.float64)[..., None] * freqs.double()",
+        ),
+    ),
+    mutant(
+        "utils.fp64_frequencies_by_default",
+        UTILS,
+        "the default frequencies computed in FP64 and rounded once (the old, more accurate table)",
+        (
+            'dtype = torch.float64 if _check_bool("fp64", fp64) else torch.float32',
+            'dtype = torch.float64 if _check_bool("fp64", fp64) or True else torch.float32',
+        ),
+    ),
+    mutant(
+        "utils.fp64_cos_sin_by_default",
+        UTILS,
+        "the default cos and sin evaluated in FP64 and rounded once (the old, more accurate table)",
+        ("angle = angle.to(torch.float64 if fp64 else torch.float32)", "angle = angle.to(torch.float64)"),
+    ),
+    mutant(
+        "utils.frequencies_negative_power",
+        UTILS,
+        "inverse frequencies as theta ** (-2j / d) instead of upstream's 1 / theta ** (2j / d)",
+        (
+            "freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))",
+            "freqs = theta ** (-torch.arange(0, dim, 2, dtype=dtype) / dim)",
+        ),
+    ),
+    mutant(
+        "utils.yarn_blend_regrouped",
+        UTILS,
+        "the YaRN blend regrouped as freqs * (smooth + (1 - smooth) / factor) (equal in exact arithmetic)",
+        (
+            "freqs = freqs / factor * (1 - smooth) + freqs * smooth",
+            "freqs = freqs * (smooth + (1 - smooth) / factor)",
+        ),
+    ),
+    mutant(
+        "utils.yarn_interpolation_as_transformers",
+        UTILS,
+        "YaRN's interpolated frequency as transformers computes it, 1 / (factor * theta ** (2j / d))",
+        (
+            "freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))",
+            "powers = theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim)\n    freqs = 1.0 / powers",
+        ),
+        ("freqs = freqs / factor * (1 - smooth)", "freqs = 1.0 / (factor * powers) * (1 - smooth)"),
+    ),
+    mutant(
+        "utils.cos_sin_through_torch_cos",
+        UTILS,
+        "cos and sin from torch.cos / torch.sin (torch's vectorized FP32 ones) instead of upstream's torch.polar",
+        (
+            "return torch.polar(torch.ones_like(angle), angle).to(torch.complex64)",
+            "return torch.complex(torch.cos(angle), torch.sin(angle)).to(torch.complex64)",
         ),
     ),
     mutant(
@@ -871,7 +939,7 @@ CATALOG = [
 HOME = {
     ROPE: ("test_rope.py",),
     QNORM: ("test_qnorm_rope.py",),
-    UTILS: ("test_rope_utils.py",),
+    UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
     COMMON: ("test_qnorm_rope.py",),  # swap_pairs and pair_table serve the QNorm backward only
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything

@@ -14,8 +14,19 @@ Table formats (the seed leaves them open; ours):
            cos, [1] sin; entries j and j + d/2 of a row both hold pair j's value (the kernel reads
            the first half; the copy in the second half makes it the usual [cos, cos] table).
 angle_j(p) = fl32(fl32(p) * freqs[j]): the FP32 product the published DeepSeek code computes
-(another angle would be another table at large positions); cos and sin of that FP32 angle are
-evaluated in FP64 and rounded once to FP32, so CPU and CUDA build the same table.
+(another angle would be another table at large positions).
+
+The trained bits (default): precompute_freqs_cis and freqs_cis_from_position_ids run the op
+sequence of the code DeepSeek-V3 models were trained and published with (DeepSeek's reference
+inference code, inference/model.py precompute_freqs_cis, and the Automodel module this package
+mirrors, deepseek_v3/rope_utils.py), every op in FP32: 1.0 / (theta ** (arange(0, d, 2) / d)), the
+YaRN blend freqs / factor * (1 - smooth) + freqs * smooth, and torch.polar(ones, angle), whose
+real and imaginary parts are also the fused table's cos and sin. On CPU that is the upstream table
+bit for bit; on CUDA it is the table the same code builds on CUDA (the device's FP32 cos and sin).
+For a golden suite these bits are the contract: a more accurate table is a different table.
+fp64=True (keyword of both functions) asks for the most accurate table instead: frequencies, and
+cos and sin of the same FP32 angle, evaluated in FP64 and rounded once to FP32 (the same bits on
+CPU and CUDA). reference/rope_utils.py states and tests the error of both.
 
 Context parallelism (cp_size > 1): a sequence of L tokens is cut into 2*cp_size chunks of
 L/(2*cp_size) tokens and rank r holds chunks r and 2*cp_size-1-r, in that order (the usual load
@@ -58,6 +69,12 @@ def _check_real(name: str, value, above: float) -> float:
 def _check_format(name: str, value) -> str:
     if value not in FORMATS:
         raise ValueError(f"{name}: expected 'bshd' or 'thd', got {value!r}")
+    return value
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
     return value
 
 
@@ -132,9 +149,14 @@ def _correction_dim(rotations: float, dim: int, theta: float, positions: int) ->
 
 
 def precompute_freqs_cis(
-    qk_rope_head_dim: int, max_seq_len: int, rope_theta: float, rope_scaling: dict | None
+    qk_rope_head_dim: int,
+    max_seq_len: int,
+    rope_theta: float,
+    rope_scaling: dict | None,
+    *,
+    fp64: bool = False,
 ) -> torch.Tensor:
-    """FP32 inverse frequencies [qk_rope_head_dim / 2] (CPU): freqs[j] = rope_theta ** (-2j / d).
+    """FP32 inverse frequencies [qk_rope_head_dim / 2] (CPU): freqs[j] = 1 / rope_theta ** (2j / d).
 
     YaRN: when rope_scaling carries factor, beta_fast, beta_slow and
     original_max_position_embeddings, and max_seq_len exceeds the original length, channels
@@ -143,8 +165,10 @@ def precompute_freqs_cis(
     (None, or lacking one of the keys) gives the plain frequencies. The attention scale
     (yarn_get_mscale) is not folded into the table.
 
-    Computed in FP64 and rounded once to FP32: each entry is within (2**-24 + 2**-40) relative
-    of the exact value (tests/test_rope_utils.py checks it against mpmath).
+    Default: the trained table, upstream's FP32 op sequence (module docstring), bit for bit.
+    fp64=True: the same ops in FP64, rounded once to FP32 (within 2**-24 + 2**-40 relative of the
+    exact value). reference/rope_utils.py bounds the error of each entry of either table;
+    tests/test_rope_utils.py checks both against mpmath.
     """
     dim = _check_int("qk_rope_head_dim", qk_rope_head_dim, 2)
     if dim % 2:
@@ -152,26 +176,30 @@ def precompute_freqs_cis(
     _check_int("max_seq_len", max_seq_len, 1)
     theta = _check_real("rope_theta", rope_theta, 1.0)
     yarn = _yarn_parameters(rope_scaling)
+    dtype = torch.float64 if _check_bool("fp64", fp64) else torch.float32
 
-    j = torch.arange(dim // 2, dtype=torch.float64)
-    freqs = theta ** (-2 * j / dim)
+    # Upstream's ops in upstream's order: in FP32 each rounds (a Python number operand is rounded to
+    # FP32 first), so another order, the negative power or 1 / (factor * x) is another table.
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=dtype) / dim))
     if yarn is not None and max_seq_len > yarn[3]:
         factor, beta_fast, beta_slow, original = yarn
         low = max(math.floor(_correction_dim(beta_fast, dim, theta, original)), 0)
         high = min(math.ceil(_correction_dim(beta_slow, dim, theta, original)), dim - 1)
         if low == high:
             high += 0.001  # the published ramp: never a zero-width ramp
-        ramp = ((j - low) / (high - low)).clamp(0, 1)  # 0: keep the frequency, 1: divide by factor
-        freqs = freqs / factor * ramp + freqs * (1 - ramp)
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=dtype) - low) / (high - low), 0, 1)
+        smooth = 1 - ramp  # 1: keep the frequency, 0: divide it by factor
+        freqs = freqs / factor * (1 - smooth) + freqs * smooth
     return freqs.to(torch.float32)
 
 
-def _cos_sin(positions: torch.Tensor, freqs: torch.Tensor):
-    """FP32 cos, sin [*positions.shape, d/2] of the FP32 angles fl32(fl32(p) * freqs[j])."""
-    # Broadcast multiply, not einsum/matmul: a matmul may run in TF32 on CUDA and truncate the angle.
+def _rotations(positions: torch.Tensor, freqs: torch.Tensor, fp64: bool) -> torch.Tensor:
+    """complex64 exp(i * angle) [*positions.shape, d/2] of the FP32 angles fl32(fl32(p) * freqs[j])."""
+    # Upstream's einsum("bt,d->btd", p, freqs) sums nothing: it is this one FP32 product per entry. A
+    # broadcast multiply, not a matmul: a matmul may run in TF32 on CUDA and truncate the angle.
     angle = positions.to(torch.float32)[..., None] * freqs
-    angle = angle.to(torch.float64)
-    return torch.cos(angle).to(torch.float32), torch.sin(angle).to(torch.float32)
+    angle = angle.to(torch.float64 if fp64 else torch.float32)
+    return torch.polar(torch.ones_like(angle), angle).to(torch.complex64)
 
 
 @torch.no_grad()
@@ -181,6 +209,8 @@ def freqs_cis_from_position_ids(
     qkv_format: str = "bshd",
     for_fused_rope: bool = False,
     cp_size: int = 1,
+    *,
+    fp64: bool = False,
 ) -> torch.Tensor:
     """The rotation table for position_ids (integer [B, S] for bshd, [T] for thd), on their device.
 
@@ -193,6 +223,9 @@ def freqs_cis_from_position_ids(
       thd: its offset in its cu_seqlens sequence; both through the context-parallel split).
     freqs: FP32 [d/2] from precompute_freqs_cis (moved to position_ids' device).
     Positions beyond 2**24 are rounded to FP32 before the product, as FP32 tables always did.
+    Default: the trained table, upstream's torch.polar of the FP32 angle in FP32 on position_ids'
+    device; the fused table's cos and sin are the complex table's real and imaginary parts, bit
+    for bit. fp64=True: cos and sin of the same FP32 angle in FP64, rounded once to FP32.
     """
     _check_format("qkv_format", qkv_format)
     rank = 2 if qkv_format == "bshd" else 1
@@ -207,17 +240,17 @@ def freqs_cis_from_position_ids(
     _check_tensor("freqs", freqs)
     if freqs.dtype != torch.float32 or freqs.dim() != 1:
         raise TypeError(f"freqs: expected a float32 [d/2] tensor, got {freqs.dtype} {list(freqs.shape)}")
-    if not isinstance(for_fused_rope, bool):
-        raise TypeError(f"for_fused_rope: expected a bool, got {type(for_fused_rope).__name__}")
+    _check_bool("for_fused_rope", for_fused_rope)
     _check_int("cp_size", cp_size, 1)
+    _check_bool("fp64", fp64)
     freqs = freqs.to(position_ids.device)
 
     if for_fused_rope:
         positions = torch.arange(position_ids.shape[-1] * cp_size, device=position_ids.device)
-        cos, sin = _cos_sin(positions, freqs)
+        table = _rotations(positions, freqs, fp64)
+        cos, sin = table.real, table.imag
         return torch.stack((torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)))
-    cos, sin = _cos_sin(position_ids, freqs)
-    return torch.complex(cos, sin)
+    return _rotations(position_ids, freqs, fp64)
 
 
 # --- rotations -------------------------------------------------------------------------------------
@@ -429,8 +462,7 @@ def apply_rotary_emb_qk(
     cu_seqlens is read on the host (one device sync) to check it and to pick the table rows.
     """
     _check_format("format", format)
-    if not isinstance(rope_fusion, bool):
-        raise TypeError(f"rope_fusion: expected a bool, got {type(rope_fusion).__name__}")
+    _check_bool("rope_fusion", rope_fusion)
     _check_qk(q, k, format)
     _check_int("cp_size", cp_size, 1)
     _check_int("cp_rank", cp_rank, 0)
