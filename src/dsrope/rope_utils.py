@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import torch
 
 from dsrope._common import FLOAT_DTYPES, INTERPRET, check_device
-from dsrope.rope import _PartialRoPE
+from dsrope.rope import _run
 
 FORMATS = ("bshd", "thd")
 YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
@@ -233,9 +233,10 @@ def _kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Interleaved rotation of all channels of x [B, S, H, d] by the kernel; cos, sin FP32 [B, S, d].
 
     The kernel takes [B, H, S, d] with any strides and returns token-major storage, so the
-    transposes are views and the result is a contiguous [B, S, H, d].
+    transposes are views and the result is a contiguous [B, S, H, d]. Through rope._run: the op
+    dsrope::partial_rope under torch.compile, the autograd.Function in eager.
     """
-    return _PartialRoPE.apply(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
+    return _run(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
 
 
 def _interleaved(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,134 @@
+"""Host time per call of each layer of an eager call, with the Triton launch stubbed out.
+
+What a decode step pays on the CPU before the GPU sees a kernel (docs/perf.md, "Decode"): the
+argument checks, the autograd.Function, the launcher (allocation, shape and stride reads, tile
+config, grid), and, when the kernels run through the custom op instead, the dispatcher. The
+kernels are replaced by a no-op stub, so every number is host time alone. Runs on CPU (tensors on
+CPU, TRITON_INTERPRET=1 set here; nothing is interpreted, the stub launches nothing) and on CUDA,
+where `launch` also times the real Triton launch (its launcher included, the GPU work excluded
+by timing only the host loop).
+
+    python bench/overhead.py [--calls 2000] [--rounds 31]
+
+Shape: the decode row B=1, H=128, S=1, D=512, R=64, bf16, x requiring grad (training-style
+calls; `no grad` rows repeat the main ones without it). Each number is the mean host time of
+`calls` back-to-back calls in the fastest of `rounds` rounds (on a shared machine the least
+disturbed one; the median is printed beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # dsrope accepts CPU tensors only in interpreter mode
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+from dsrope import qnorm_rope as qnorm_module  # noqa: E402
+from dsrope import rope as rope_module  # noqa: E402
+from dsrope._common import check_eps, check_rotary, check_table, check_x, token_major_empty  # noqa: E402
+
+B, H, S, D, R, EPS = 1, 128, 1, 512, 64, 1e-6
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Stub:
+    """Stands in for a @triton.jit kernel: `kernel[grid](...)` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def per_call_us(fn, calls, rounds):
+    for _ in range(min(calls, 500)):
+        fn()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    means = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        means.append((time.perf_counter() - start) / calls * 1e6)
+    return min(means), statistics.median(means)
+
+
+def layers(x, cos, sin):
+    """(name, function) for every layer, partial RoPE and QNorm + RoPE."""
+
+    def checks_rope():
+        check_x(x)
+        if x.shape[-1] % 2:
+            raise ValueError
+        check_rotary(R, x.shape[-1])
+        check_table("cos", cos, x, R)
+        check_table("sin", sin, x, R)
+
+    def checks_qnorm():
+        check_x(x)
+        check_rotary(R, x.shape[-1])
+        check_eps(EPS)
+        check_table("cos", cos, x, R)
+        check_table("sin", sin, x, R)
+
+    xd = x.detach()
+    return [
+        ("torch.empty_like (reference: one allocation)", lambda: torch.empty_like(xd)),
+        ("token_major_empty (the output allocation)", lambda: token_major_empty(xd)),
+        ("x.stride() + cos.stride() + sin.stride()", lambda: (x.stride(), cos.stride(), sin.stride())),
+        ("partial rope: checks", checks_rope),
+        ("partial rope: launcher _launch", lambda: rope_module._launch(xd, cos, sin, R, False)),
+        ("partial rope: _PartialRoPE.apply", lambda: rope_module._PartialRoPE.apply(x, cos, sin, R)),
+        ("partial rope: op dsrope::partial_rope", lambda: rope_module.partial_rope(x, cos, sin, R)),
+        ("partial rope: public function (checks + apply)", lambda: apply_partial_rope_triton(x, cos, sin, R)),
+        ("partial rope: public function, no grad", lambda: apply_partial_rope_triton(xd, cos, sin, R)),
+        ("partial rope: op, no grad", lambda: rope_module.partial_rope(xd, cos, sin, R)),
+        ("qnorm rope: checks", checks_qnorm),
+        ("qnorm rope: launcher _forward", lambda: qnorm_module._forward(xd, cos, sin, R, EPS)),
+        ("qnorm rope: _QNormRoPE.apply", lambda: qnorm_module._QNormRoPE.apply(x, cos, sin, R, EPS)),
+        ("qnorm rope: op dsrope::qnorm_rope", lambda: qnorm_module.qnorm_rope(x, cos, sin, R, EPS)),
+        ("qnorm rope: public function (checks + apply)", lambda: qnorm_rope_triton(x, cos, sin, R, EPS)),
+        ("qnorm rope: public function, no grad", lambda: qnorm_rope_triton(xd, cos, sin, R, EPS)),
+        ("qnorm rope: op, no grad", lambda: qnorm_module.qnorm_rope(xd, cos, sin, R, EPS)),
+    ]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=31)
+    args = ap.parse_args()
+    x = torch.randn(B, S, H, D, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2).requires_grad_()
+    ang = torch.rand(B, S, R, device=DEVICE)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    print(f"host time per call, us ({DEVICE}, torch {torch.__version__}; B={B} H={H} S={S} D={D} R={R} bf16)")
+    print(f"{'':58s} {'min':>7s} {'median':>7s}")
+
+    def row(name, fn):
+        fastest, median = per_call_us(fn, args.calls, args.rounds)
+        print(f"{name:58s} {fastest:7.2f} {median:7.2f}", flush=True)
+
+    xd = x.detach()
+    if DEVICE == "cuda":  # real launches first; against the stubbed rows below, the difference is Triton's launcher
+        row("partial rope: public function, no grad, real kernel", lambda: apply_partial_rope_triton(xd, cos, sin, R))
+        row("partial rope: launcher _launch, real kernel", lambda: rope_module._launch(xd, cos, sin, R, False))
+        row("qnorm rope: public function, no grad, real kernel", lambda: qnorm_rope_triton(xd, cos, sin, R, EPS))
+        row("qnorm rope: launcher _forward, real kernel", lambda: qnorm_module._forward(xd, cos, sin, R, EPS))
+    rope_module._rotate = Stub()
+    qnorm_module._qnorm_rope = Stub()
+    for name, fn in layers(x, cos, sin):
+        row(name, fn)
+
+
+if __name__ == "__main__":
+    main()
