@@ -133,6 +133,42 @@ def test_fake_outputs_match_real(op, args):
         assert real[1].dtype == torch.float32 and real[1].shape == (b * s * h,)
 
 
+# --- the eager paths and the op -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("kernel", ["partial_rope", "qnorm_rope"])
+def test_eager_paths_and_op_give_the_same_bits(kernel, layout):
+    """The ways into a kernel give the same bits: the autograd.Function (a gradient is wanted; x is
+    here a non-leaf view of the leaf, as when x comes from a projection), the launcher alone (no
+    gradient: inference, decode), and the op called through the dispatcher with its registered
+    autograd (what torch.compile calls). Backward: the Function's against the backward op's. eps is
+    large against x's scale, so a path that dropped it would show."""
+    eps = 1e-2
+    x = laid_out(SHAPE, torch.bfloat16, LAYOUTS[layout], seed=70, scale=0.1)
+    cos, sin = tables(SHAPE[0], SHAPE[2], ROTARY, seed=71)
+    g = laid_out(SHAPE, torch.bfloat16, TOKEN_MAJOR, seed=72)
+    if kernel == "partial_rope":
+        public = lambda x: apply_partial_rope_triton(x, cos, sin, ROTARY)
+        op = lambda x: partial_rope(x, cos, sin, ROTARY)
+    else:
+        public = lambda x: qnorm_rope_triton(x, cos, sin, ROTARY, eps)
+        op = lambda x: qnorm_rope(x, cos, sin, ROTARY, eps)[0]
+    with torch.no_grad():
+        inference = public(x)
+    leaf = x.detach().requires_grad_()
+    trained = public(leaf[:])
+    (dx,) = torch.autograd.grad(trained, leaf, g)
+    leaf_op = x.detach().requires_grad_()
+    via_op = op(leaf_op)
+    (dx_op,) = torch.autograd.grad(via_op, leaf_op, g)
+    assert inference.grad_fn is None
+    assert type(trained.grad_fn).__name__ in ("_PartialRoPEBackward", "_QNormRoPEBackward")
+    assert type(via_op.grad_fn).__name__.startswith("GeneratedBackwardFor_dsrope")
+    assert same_bits(inference, trained) and same_bits(trained, via_op), "forward paths differ"
+    assert same_bits(dx, dx_op), "backward paths differ"
+
+
 # --- torch.compile against eager -------------------------------------------------------------
 
 
