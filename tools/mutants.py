@@ -857,12 +857,13 @@ CATALOG = [
         "that never reads the other operand's value, and the load itself touches no memory on a masked lane.",
     ),
     mutant(
-        "common.token_major_strides_swapped",
+        "common.token_major_empty_head_major",
         COMMON,
-        "token_major_empty gives the head and sequence dims each other's strides (storage no longer [B, S, H, D])",
+        "token_major_empty gives contiguous head-major [B, H, S, D] strides (same storage size; the kernels "
+        "write token-major rows)",
         (
             "(max(s, 1) * stride_s, stride_h, stride_s, 1)",
-            "(max(s, 1) * stride_s, stride_s, stride_h, 1)",
+            "(max(s, 1) * stride_s, max(s, 1) * stride_h, stride_h, 1)",
         ),
     ),
     # ---- src/dsrope/rope_utils.py: frequencies, tables, pairings, q/k with cu_seqlens and cp ------
