@@ -117,6 +117,7 @@ def layers(x, cos, sin):
         ("partial rope: op dsrope::partial_rope", lambda: rope_module.partial_rope(x, cos, sin, R)),
         ("partial rope: public function (checks + apply)", lambda: apply_partial_rope_triton(x, cos, sin, R)),
         ("partial rope: public function, no grad", lambda: apply_partial_rope_triton(xd, cos, sin, R)),
+        ("partial rope: _PartialRoPE.apply, no grad", lambda: rope_module._PartialRoPE.apply(xd, cos, sin, R)),
         ("partial rope: op, no grad", lambda: rope_module.partial_rope(xd, cos, sin, R)),
         ("qnorm rope: checks", checks_qnorm),
         ("qnorm rope: launcher _forward", lambda: qnorm_module._forward(xd, cos, sin, R, EPS)),
@@ -124,6 +125,7 @@ def layers(x, cos, sin):
         ("qnorm rope: op dsrope::qnorm_rope", lambda: qnorm_module.qnorm_rope(x, cos, sin, R, EPS)),
         ("qnorm rope: public function (checks + apply)", lambda: qnorm_rope_triton(x, cos, sin, R, EPS)),
         ("qnorm rope: public function, no grad", lambda: qnorm_rope_triton(xd, cos, sin, R, EPS)),
+        ("qnorm rope: _QNormRoPE.apply, no grad", lambda: qnorm_module._QNormRoPE.apply(xd, cos, sin, R, EPS)),
         ("qnorm rope: op, no grad", lambda: qnorm_module.qnorm_rope(xd, cos, sin, R, EPS)),
     ]
 
