@@ -80,31 +80,40 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 # --- opcheck and the fake implementations ------------------------------------------------------
 
 
-def op_cases():
-    """(id, op, arguments) for every op and layout; forward ops get an x that requires grad."""
+OPS = {
+    "partial_rope": partial_rope,
+    "qnorm_rope": qnorm_rope,
+    "partial_rope_backward": partial_rope_backward,
+    "qnorm_rope_backward": qnorm_rope_backward,
+}
+# (op, layout): x's layout for the forward ops, the gradient's for the backward ops
+OP_CASES = [(op, layout) for op in ("partial_rope", "qnorm_rope") for layout in LAYOUTS] + [
+    (op, layout) for op in ("partial_rope_backward", "qnorm_rope_backward") for layout in (*LAYOUTS, "stride0")
+]
+
+
+def op_args(op: str, layout: str) -> tuple:
+    """The op's arguments; forward ops get an x that requires grad. Built in the test, not at
+    collection: a faulty kernel (a mutant) must fail a test, not crash the collection."""
     dtype = torch.bfloat16
     cos, sin = tables(SHAPE[0], SHAPE[2], ROTARY, seed=1)
+    if op == "partial_rope":
+        return laid_out(SHAPE, dtype, LAYOUTS[layout], seed=5).requires_grad_(), cos, sin, ROTARY
+    if op == "qnorm_rope":
+        return laid_out(SHAPE, dtype, LAYOUTS[layout], seed=5).requires_grad_(), cos, sin, ROTARY, EPS
+    if layout == "stride0":
+        g = values((), dtype, seed=4).to(DEVICE).expand(SHAPE)  # the gradient of .sum()
+    else:
+        g = laid_out(SHAPE, dtype, LAYOUTS[layout], seed=3)
+    if op == "partial_rope_backward":
+        return g, cos, sin, ROTARY
     x = laid_out(SHAPE, dtype, TOKEN_MAJOR, seed=2)
-    rstd = _forward(x, cos, sin, ROTARY, EPS)[1]
-    grads = {name: laid_out(SHAPE, dtype, layout, seed=3) for name, layout in LAYOUTS.items()}
-    grads["stride0"] = values((), dtype, seed=4).to(DEVICE).expand(SHAPE)  # the gradient of .sum()
-    cases = []
-    for name, layout in LAYOUTS.items():
-        xl = laid_out(SHAPE, dtype, layout, seed=5).requires_grad_()
-        cases.append((f"partial_rope-{name}", partial_rope, (xl, cos, sin, ROTARY)))
-        cases.append((f"qnorm_rope-{name}", qnorm_rope, (xl, cos, sin, ROTARY, EPS)))
-    for name, g in grads.items():
-        cases.append((f"partial_rope_backward-{name}", partial_rope_backward, (g, cos, sin, ROTARY)))
-        cases.append((f"qnorm_rope_backward-{name}", qnorm_rope_backward, (x, g, cos, sin, rstd, ROTARY)))
-    return cases
+    return x, g, cos, sin, _forward(x, cos, sin, ROTARY, EPS)[1], ROTARY
 
 
-OP_CASES = op_cases()
-
-
-@pytest.mark.parametrize("op,args", [c[1:] for c in OP_CASES], ids=[c[0] for c in OP_CASES])
-def test_opcheck(op, args):
-    torch.library.opcheck(op, args)
+@pytest.mark.parametrize("op,layout", OP_CASES, ids=[f"{op}-{layout}" for op, layout in OP_CASES])
+def test_opcheck(op, layout):
+    torch.library.opcheck(OPS[op], op_args(op, layout))
 
 
 def on_meta(t):
@@ -116,19 +125,20 @@ def on_meta(t):
     return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-@pytest.mark.parametrize("op,args", [c[1:] for c in OP_CASES], ids=[c[0] for c in OP_CASES])
-def test_fake_outputs_match_real(op, args):
+@pytest.mark.parametrize("op,layout", OP_CASES, ids=[f"{op}-{layout}" for op, layout in OP_CASES])
+def test_fake_outputs_match_real(op, layout):
     """The fake implementation (what torch.compile plans with) against the real op: shape, dtype,
     strides, offset of every output; the output is token-major, rstd FP32 [B*S*H]."""
+    args = op_args(op, layout)
     with torch.no_grad():
-        real = op(*args)
-        fake = op(*(on_meta(a) for a in args))
+        real = OPS[op](*args)
+        fake = OPS[op](*(on_meta(a) for a in args))
     real, fake = (real, fake) if isinstance(real, tuple) else ((real,), (fake,))
     assert fake[0].device.type == "meta"
     for r, f in zip(real, fake, strict=True):
         assert (f.shape, f.dtype, f.stride(), f.storage_offset()) == (r.shape, r.dtype, r.stride(), 0), layout_of(f)
     assert real[0].transpose(1, 2).is_contiguous(), layout_of(real[0])
-    if op is qnorm_rope:
+    if op == "qnorm_rope":
         b, h, s, _ = SHAPE
         assert real[1].dtype == torch.float32 and real[1].shape == (b * s * h,)
 
@@ -220,6 +230,12 @@ def assert_same(eager, compiled, what):
         assert same_bits(e, c), f"{what}: compiled differs from eager ({layout_of(e)} vs {layout_of(c)})"
 
 
+LAYOUTS_DIFFER = (
+    "the compiled call's kernels saw other layouts than the eager call's (if a gradient: does this torch's "
+    "AOTAutograd expect another tangent layout than the test passes?)"
+)
+
+
 def our_ops(graph) -> set[str]:
     return {str(n.target) for n in graph.graph.nodes if str(n.target).startswith("dsrope.")}
 
@@ -239,7 +255,7 @@ def test_compiled_matches_eager_bitwise(kernel, backend, launches):
     assert counter.frame_count == 1
     expected = {"dsrope.qnorm_rope.default"} if kernel == "qnorm_rope" else {"dsrope.partial_rope.default"}
     assert our_ops(counter.graphs[0]) == expected
-    assert launches == eager_launches
+    assert launches == eager_launches, LAYOUTS_DIFFER
     assert_same(eager_out, out, f"{kernel} forward")
     assert_same(eager_dx, dx, f"{kernel} backward")
 
@@ -261,7 +277,7 @@ def test_dynamic_sequence_length_compiles_once(kernel, backend, launches):
         with torch._dynamo.config.patch(error_on_recompile=compiles is not None):
             out, dx = forward_backward(compiled, diff, other, contiguous(seq))
         compiles = compiles or counter.frame_count
-        assert launches == eager_launches
+        assert launches == eager_launches, LAYOUTS_DIFFER
         assert_same(eager_out, out, f"{kernel} S={seq} forward")
         assert_same(eager_dx, dx, f"{kernel} S={seq} backward")
     # a restarted analysis (dynamo tensorifying the float eps, then specializing it) counts twice
