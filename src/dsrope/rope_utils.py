@@ -427,7 +427,11 @@ def apply_rotary_emb_qk(
     rope_fusion=False: apply_rotary_emb on q and k with the complex table, one row per local
       token; the rows already carry the positions, so cu_seqlens and cp are checked, not used.
     The two give the same result when the complex rows hold the positions the fused path derives.
-    cu_seqlens is read on the host (one device sync) to check it and to pick the table rows.
+    cu_seqlens is read on the host (one device sync) to check it and to pick the table rows: such a
+    call does not compile with fullgraph=True and cannot be captured in a CUDA graph. cp_size > 1
+    compiles, but builds the row indices on the CPU and copies them over, which capture does not
+    allow either. Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
+    (docs/perf.md, "Decode").
     """
     _check_format("format", format)
     if not isinstance(rope_fusion, bool):
