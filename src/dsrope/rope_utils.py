@@ -429,8 +429,8 @@ def apply_rotary_emb_qk(
     The two give the same result when the complex rows hold the positions the fused path derives.
     cu_seqlens is read on the host (one device sync) to check it and to pick the table rows: such a
     call does not compile with fullgraph=True and cannot be captured in a CUDA graph. cp_size > 1
-    compiles, but builds the row indices on the CPU and copies them over, which capture does not
-    allow either. Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
+    compiles, but builds the row indices on the CPU and copies them over (from pageable memory: not
+    capturable either). Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
     (docs/perf.md, "Decode").
     """
     _check_format("format", format)
