@@ -153,7 +153,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     return out
 
 
-# --- torch.library ops: what torch.compile traces (it cannot see into a Triton launch) --------
+# --- torch.library ops: what torch.compile sees of a kernel, an opaque call with a fake -----
 # As in rope.py: inputs keep their traced strides under inductor (needs_exact_strides); the fake
 # implementations allocate as the launchers do.
 

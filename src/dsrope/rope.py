@@ -82,7 +82,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     return out
 
 
-# --- torch.library ops: what torch.compile traces (it cannot see into a Triton launch) --------
+# --- torch.library ops: what torch.compile sees of a kernel, an opaque call with a fake -----
 # Inductor hands a custom op's inputs over with the strides they had when traced (needs_exact_strides,
 # also the default for custom ops since torch 2.8), so a compiled call launches on the layouts the
 # eager call would see. The fake implementations allocate as the launchers do: token-major outputs.
@@ -142,7 +142,7 @@ torch.library.register_autograd("dsrope::partial_rope", _PartialRoPE.backward_op
 def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
     """Partial RoPE of checked arguments. Under torch.compile: the op. In eager, host time decides
     (docs/perf.md, decode): the autograd.Function when a gradient is wanted (the op's dispatch and
-    autograd wrapper cost about twice as much), else the launcher alone (inference, decode). Every
+    autograd wrapper cost 2.5 times as much), else the launcher alone (inference, decode). Every
     path launches `_launch` on the same arguments: the same bits."""
     if torch.compiler.is_compiling():
         return partial_rope(x, cos, sin, rotary)
