@@ -128,7 +128,10 @@ CATALOG = [
         "rope.op_backward_sine_sign",
         ROPE,
         "the backward op dsrope::partial_rope_backward applies the forward rotation",
-        ("return _launch(grad, cos, sin, rotary, inverse=True)", "return _launch(grad, cos, sin, rotary, inverse=False)"),
+        (
+            "return _launch(grad, cos, sin, rotary, inverse=True)",
+            "return _launch(grad, cos, sin, rotary, inverse=False)",
+        ),
     ),
     mutant(
         "rope.backward_op_calls_forward_op",
@@ -781,7 +784,8 @@ CATALOG = [
         "the forward op's fake implementation gives rstd in x's dtype (the real one is FP32)",
         (
             "def _qnorm_rope_fake(x, cos, sin, rotary, eps):\n    return _outputs(x)",
-            "def _qnorm_rope_fake(x, cos, sin, rotary, eps):\n    out, rstd = _outputs(x)\n    return out, rstd.to(x.dtype)",
+            "def _qnorm_rope_fake(x, cos, sin, rotary, eps):\n"
+            "    out, rstd = _outputs(x)\n    return out, rstd.to(x.dtype)",
         ),
     ),
     mutant(
