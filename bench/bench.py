@@ -9,8 +9,17 @@ and the speedup over eager and over torch.compile (same run). Ours is timed thre
 before the others, twice after) and the median of those medians is reported. Writes a CSV, a
 markdown table and a PNG chart.
 
-    python bench/bench.py --out out/bench            # everything
-    python bench/bench.py --quick                    # one shape, for a smoke run
+Decode rows (S=1, B in {1, 8, 64, 256}, H in {64, 128}, D=512, R=64, bf16, forward without
+gradient, per-sequence positions): the wall time of one call as a decode loop pays it, for ours,
+the eager chain, torch.compile of it, and a same-size `copy_` (the yardstick: one launch moving
+the same bytes). Two ways: without CUDA graphs (host clock around `DECODE_CALLS` back-to-back
+calls and a synchronize: the CPU launch overhead included) and under CUDA graph replay
+(`DECODE_CALLS` calls captured in one graph, the host clock around `DECODE_REPLAYS` replays).
+Each the median of `DECODE_SAMPLES` such measurements. Writes decode.csv and decode.md.
+
+    python bench/bench.py --out out/bench            # everything: prefill and decode rows
+    python bench/bench.py --decode                   # the decode rows only
+    python bench/bench.py --quick [--decode]         # one shape, for a smoke run
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +44,8 @@ from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 D, R, EPS = 512, 64, 1e-6
 TRITON_SAMPLES = 3
 SHAPES = [(b, h, s) for b in (1, 4) for h in (64, 128) for s in (4096, 16384)]
+DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]
+DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES = 200, 20, 5
 
 
 def eager_rotate(y, cos, sin):
@@ -135,17 +148,22 @@ def _time_one(fn, x, cos, sin, direction):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out/bench")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one shape per table, for a smoke run")
+    ap.add_argument("--decode", action="store_true", help="only the decode rows (S=1)")
     ap.add_argument("--impls", default="triton,eager,compile")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    impls = args.impls.split(",")
-    shapes = [(1, 64, 4096)] if args.quick else SHAPES
-    copy = copy_bandwidth()
     gpu = torch.cuda.get_device_name()
-    meta = (f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}, "
-            f"copy bandwidth {copy / 1e9:.0f} GB/s (read+write)")
+    versions = f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}"
+    if not args.decode:
+        prefill(out, args.impls.split(","), [(1, 64, 4096)] if args.quick else SHAPES, versions)
+    decode(out, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES, versions)
+
+
+def prefill(out, impls, shapes, versions):
+    copy = copy_bandwidth()
+    meta = f"{versions}, copy bandwidth {copy / 1e9:.0f} GB/s (read+write)"
     print(meta, flush=True)
     rows = []
     for b, h, s in shapes:
@@ -171,14 +189,117 @@ def main():
                           flush=True)
             del x, cos, sin
             torch.cuda.empty_cache()
-    with open(out / "bench.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(out / "bench.csv", rows)
     write_markdown(out / "perf.md", rows, meta, impls)
     write_chart(out / "perf.png", rows, copy)
     worst = min(r["copy_fraction"] for r in rows)
     print(f"worst fraction of copy bandwidth: {worst:.3f}")
+
+
+# --- decode: S=1, the host's launch overhead against the GPU's work ------------------------------
+
+
+def decode_inputs(b, h):
+    """x [B, H, 1, D] (a view of token-major storage, which at S=1 is also head-major contiguous),
+    cos/sin [B, 1, R] with each sequence at its own position, as in a decode step."""
+    x = torch.randn(b, 1, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    pos = torch.randint(0, 1 << 16, (b, 1, 1), device="cuda").float()
+    inv = 10000.0 ** (-torch.arange(R // 2, device="cuda", dtype=torch.float32) * 2 / R)
+    ang = torch.cat((pos * inv, pos * inv), -1)
+    return x, torch.cos(ang), torch.sin(ang)
+
+
+def per_call_us(fn):
+    """Wall time of one call without CUDA graphs: DECODE_CALLS back-to-back calls between two
+    synchronizes, host clock; the median of DECODE_SAMPLES."""
+    samples = []
+    for _ in range(DECODE_SAMPLES):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(DECODE_CALLS):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / DECODE_CALLS * 1e6)
+    return statistics.median(samples)
+
+
+def per_replayed_call_us(fn):
+    """Wall time of one call under CUDA graph replay: DECODE_CALLS calls captured in one graph,
+    DECODE_REPLAYS replays between two synchronizes; the median of DECODE_SAMPLES."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (compiles, fills the caching allocator)
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(DECODE_CALLS):
+            fn()
+    graph.replay()
+    samples = []
+    for _ in range(DECODE_SAMPLES):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(DECODE_REPLAYS):
+            graph.replay()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / (DECODE_REPLAYS * DECODE_CALLS) * 1e6)
+    del graph
+    return statistics.median(samples)
+
+
+def decode_row(kernel, b, h):
+    x, cos, sin = decode_inputs(b, h)
+    y = torch.empty_like(x)
+    fns = {i: functools.partial(IMPLS[kernel][i], x, cos, sin) for i in ("triton", "eager", "compile")}
+    fns["copy"] = functools.partial(y.copy_, x)
+    for fn in fns.values():  # compile and warm everything before timing
+        fn()
+    row = dict(kernel=kernel, B=b, H=h, S=1)
+    row |= {f"{i}_us": per_call_us(fn) for i, fn in fns.items()}
+    row |= {f"{i}_graph_us": per_replayed_call_us(fn) for i, fn in fns.items()}
+    row["ours_vs_compile"] = row["triton_us"] / row["compile_us"]
+    row["ours_vs_copy_graph"] = row["triton_graph_us"] / row["copy_graph_us"]
+    return row
+
+
+def decode(out, shapes, versions):
+    meta = (f"{versions}; decode rows: forward without gradient, per-call wall time in us "
+            f"({DECODE_CALLS} calls x {DECODE_SAMPLES} samples, median)")
+    print(meta, flush=True)
+    rows = []
+    with torch.no_grad():
+        for b, h in shapes:
+            for kernel in ("qnorm_rope", "partial_rope"):
+                rows.append(decode_row(kernel, b, h))
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
+                      flush=True)
+            torch.cuda.empty_cache()
+    write_csv(out / "decode.csv", rows)
+    write_decode_markdown(out / "decode.md", rows, meta)
+    print(f"decode: ours / torch.compile per call at most {max(r['ours_vs_compile'] for r in rows):.2f} (target <= 1); "
+          f"ours / copy_ under graph replay at most {max(r['ours_vs_copy_graph'] for r in rows):.2f} (target <= 1.5)")
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def write_decode_markdown(path, rows, meta):
+    head = ["kernel", "B", "H", "ours", "eager", "compile", "copy_", "ours / compile",
+            "graph: ours", "graph: eager", "graph: compile", "graph: copy_", "graph: ours / copy_"]
+    lines = [f"Measured {meta}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["kernel"], r["B"], r["H"]] + [f"{r[f'{i}_us']:.1f}" for i in ("triton", "eager", "compile", "copy")]
+        cells += [f"{r['ours_vs_compile']:.2f}"]
+        cells += [f"{r[f'{i}_graph_us']:.2f}" for i in ("triton", "eager", "compile", "copy")]
+        cells += [f"{r['ours_vs_copy_graph']:.2f}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def write_markdown(path, rows, meta, impls):

@@ -39,6 +39,10 @@ for phase in "$@"; do
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
     bench) timeout 360 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    # issue 17: the custom-op tests alone, the decode rows alone, host time per layer of a call
+    ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
+    bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
+    overhead) timeout 120 python3 bench/overhead.py ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
     # it; `git diff golden/snapshots` then shows what changed), then the suite, memcheck and verify
     # run in parallel (none of them times anything); logs folded into run.log.

@@ -100,8 +100,72 @@ CATALOG = [
     mutant(
         "rope.forward_sine_sign",
         ROPE,
-        "forward applies the conjugate rotation (sine negated)",
-        ("_launch(x, cos, sin, rotary, inverse=False)", "_launch(x, cos, sin, rotary, inverse=True)"),
+        "forward applies the conjugate rotation (sine negated), eager with gradient (_PartialRoPE.forward)",
+        (
+            "None)\n        return _launch(x, cos, sin, rotary, inverse=False)",
+            "None)\n        return _launch(x, cos, sin, rotary, inverse=True)",
+        ),
+    ),
+    mutant(
+        "rope.inference_sine_sign",
+        ROPE,
+        "the no-gradient path (inference, decode) applies the conjugate rotation",
+        (
+            "    return _launch(x, cos, sin, rotary, inverse=False)\n\n\ndef apply_partial_rope_triton",
+            "    return _launch(x, cos, sin, rotary, inverse=True)\n\n\ndef apply_partial_rope_triton",
+        ),
+    ),
+    mutant(
+        "rope.op_forward_sine_sign",
+        ROPE,
+        "the op dsrope::partial_rope (what torch.compile calls) applies the conjugate rotation",
+        (
+            'checked arguments."""\n    return _launch(x, cos, sin, rotary, inverse=False)',
+            'checked arguments."""\n    return _launch(x, cos, sin, rotary, inverse=True)',
+        ),
+    ),
+    mutant(
+        "rope.op_backward_sine_sign",
+        ROPE,
+        "the backward op dsrope::partial_rope_backward applies the forward rotation",
+        (
+            "return _launch(grad, cos, sin, rotary, inverse=True)",
+            "return _launch(grad, cos, sin, rotary, inverse=False)",
+        ),
+    ),
+    mutant(
+        "rope.backward_op_calls_forward_op",
+        ROPE,
+        "the op's registered backward calls the forward op on the gradient",
+        (
+            "return partial_rope_backward(grad_output, cos, sin, ctx.rotary), None",
+            "return partial_rope(grad_output, cos, sin, ctx.rotary), None",
+        ),
+    ),
+    mutant(
+        "rope.fake_head_major",
+        ROPE,
+        "the fake implementation gives a contiguous head-major output (the real one is token-major)",
+        ("def _token_major_like(x, cos, sin, rotary):\n    return token_major_empty(x)",
+         "def _token_major_like(x, cos, sin, rotary):\n    return x.new_empty(x.shape)"),
+    ),
+    mutant(
+        "rope.compile_traces_function",
+        ROPE,
+        "under torch.compile the autograd.Function is called, not the op (dynamo meets the Triton launch)",
+        (
+            "if torch.compiler.is_compiling():\n        return partial_rope(x, cos, sin, rotary)",
+            "if torch.compiler.is_compiling():\n        return _PartialRoPE.apply(x, cos, sin, rotary)",
+        ),
+    ),
+    mutant(
+        "rope.autograd_only_for_leaves",
+        ROPE,
+        "the gradient path is taken only for a leaf x: an x computed from parameters loses its gradient",
+        (
+            "    if x.requires_grad and torch.is_grad_enabled():\n        return _PartialRoPE",
+            "    if x.is_leaf and x.requires_grad and torch.is_grad_enabled():\n        return _PartialRoPE",
+        ),
     ),
     mutant(
         "rope.backward_sine_sign",
@@ -561,7 +625,7 @@ CATALOG = [
         "qnorm.backward_uses_output",
         QNORM,
         "the output is saved for backward in place of x",
-        ("ctx.save_for_backward(x, cos, sin, rstd)", "ctx.save_for_backward(out, cos, sin, rstd)"),
+        ("ctx.save_for_backward(x, cos, sin, output[1])", "ctx.save_for_backward(output[0], cos, sin, output[1])"),
     ),
     mutant(
         "qnorm.gradient_read_with_x_strides",
@@ -645,10 +709,8 @@ CATALOG = [
         QNORM,
         "forward output in head-major storage (values right, layout wrong)",
         (
-            "    out = token_major_empty(x)\n"
-            "    batch, heads, seq, dim = x.shape\n    rows = batch * seq * heads\n    rstd",
-            "    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)\n"
-            "    batch, heads, seq, dim = x.shape\n    rows = batch * seq * heads\n    rstd",
+            "return token_major_empty(x), x.new_empty(batch * seq * heads",
+            "return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(batch * seq * heads",
         ),
         (
             "tl.store(out + (row * D)[:, None] + c, tl.where(rot",
@@ -678,9 +740,68 @@ CATALOG = [
         "qnorm.gradient_not_cast",
         QNORM,
         "backward passes grad_output without casting it to x.dtype",
-        ("_backward(x, grad_output.to(x.dtype),", "_backward(x, grad_output,"),
+        ("return x, grad_output.to(x.dtype), cos,", "return x, grad_output, cos,"),
         equivalent="autograd casts the incoming gradient to the output's dtype (= x.dtype) before calling "
-        "backward, so the cast is a no-op on every gradient autograd can deliver.",
+        "backward (the op's registered backward included; under torch.compile the traced gradient has the "
+        "output's dtype), so the cast is a no-op on every gradient autograd can deliver.",
+    ),
+    mutant(
+        "qnorm.inference_eps_ignored",
+        QNORM,
+        "the no-gradient path (inference, decode) launches with eps=1e-6, not the caller's eps",
+        ("return _forward(x, cos, sin, rotary, float(eps))[0]", "return _forward(x, cos, sin, rotary, 1e-6)[0]"),
+    ),
+    mutant(
+        "qnorm.op_eps_ignored",
+        QNORM,
+        "the op dsrope::qnorm_rope (what torch.compile calls) launches with eps=1e-6",
+        (
+            '(out, rstd)."""\n    return _forward(x, cos, sin, rotary, eps)',
+            '(out, rstd)."""\n    return _forward(x, cos, sin, rotary, 1e-6)',
+        ),
+    ),
+    mutant(
+        "qnorm.backward_op_launches_directly",
+        QNORM,
+        "the op's registered backward calls the launcher, not the backward op (tracing meets the Triton launch)",
+        (
+            "return qnorm_rope_backward(*_QNormRoPE.backward_inputs(ctx, grad_output))",
+            "return _backward(*_QNormRoPE.backward_inputs(ctx, grad_output))",
+        ),
+    ),
+    mutant(
+        "qnorm.fake_backward_head_major",
+        QNORM,
+        "the backward op's fake implementation gives a contiguous head-major dx (the real one is token-major)",
+        (
+            "def _qnorm_rope_backward_fake(x, grad, cos, sin, rstd, rotary):\n    return token_major_empty(x)",
+            "def _qnorm_rope_backward_fake(x, grad, cos, sin, rstd, rotary):\n    return x.new_empty(x.shape)",
+        ),
+    ),
+    mutant(
+        "qnorm.fake_rstd_in_x_dtype",
+        QNORM,
+        "the forward op's fake implementation gives rstd in x's dtype (the real one is FP32)",
+        (
+            "def _qnorm_rope_fake(x, cos, sin, rotary, eps):\n    return _outputs(x)",
+            "def _qnorm_rope_fake(x, cos, sin, rotary, eps):\n"
+            "    out, rstd = _outputs(x)\n    return out, rstd.to(x.dtype)",
+        ),
+    ),
+    mutant(
+        "qnorm.compile_traces_function",
+        QNORM,
+        "under torch.compile the autograd.Function is called, not the op (dynamo meets the Triton launch)",
+        ("return qnorm_rope(x, cos, sin, rotary, eps)[0]", "return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))"),
+    ),
+    mutant(
+        "qnorm.autograd_only_for_leaves",
+        QNORM,
+        "the gradient path is taken only for a leaf x: an x computed from parameters loses its gradient",
+        (
+            "    if x.requires_grad and torch.is_grad_enabled():\n        return _QNormRoPE",
+            "    if x.is_leaf and x.requires_grad and torch.is_grad_enabled():\n        return _QNormRoPE",
+        ),
     ),
     mutant(
         "qnorm.int32_offsets",
@@ -696,7 +817,7 @@ CATALOG = [
         ),
         gpu_only=True,
     ),
-    # ---- src/dsrope/_common.py: swap_pairs, pair_table (used by the QNorm backward only) ----------
+    # ---- src/dsrope/_common.py: swap_pairs, pair_table (QNorm backward), token_major_empty (all) --
     mutant(
         "common.swap_pairs_unswapped",
         COMMON,
@@ -738,6 +859,16 @@ CATALOG = [
         "0 <= k < R/2, which holds only off the rotary lanes (a rotary lane has k = (c - (D - R)) // 2 in "
         "[0, R/2)); there the backward keeps the unrotated gradient with tl.where(rot, derotated, g), a select "
         "that never reads the other operand's value, and the load itself touches no memory on a masked lane.",
+    ),
+    mutant(
+        "common.token_major_empty_head_major",
+        COMMON,
+        "token_major_empty gives contiguous head-major [B, H, S, D] strides (same storage size; the kernels "
+        "write token-major rows)",
+        (
+            "(max(s, 1) * stride_s, stride_h, stride_s, 1)",
+            "(max(s, 1) * stride_s, max(s, 1) * stride_h, stride_h, 1)",
+        ),
     ),
     # ---- src/dsrope/rope_utils.py: frequencies, tables, pairings, q/k with cu_seqlens and cp ------
     mutant(
@@ -937,10 +1068,10 @@ CATALOG = [
 
 # Test files that exercise each source file: run first, so a mutant dies early.
 HOME = {
-    ROPE: ("test_rope.py",),
-    QNORM: ("test_qnorm_rope.py",),
+    ROPE: ("test_rope.py", "test_custom_ops.py"),
+    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
     UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
-    COMMON: ("test_qnorm_rope.py",),  # swap_pairs and pair_table serve the QNorm backward only
+    COMMON: ("test_qnorm_rope.py",),  # swap_pairs, pair_table: QNorm backward only; token_major_empty: all
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything

@@ -5,6 +5,7 @@ Every check runs before any launch and names the argument and what was expected.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -64,26 +65,32 @@ def check_table(name: str, t, x: torch.Tensor, rotary: int) -> None:
 def check_eps(eps) -> None:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps: expected a float, got {type(eps).__name__}")
-    if not math.isfinite(eps) or eps <= 0:
+    if not 0 < eps < math.inf:  # also NaN; comparisons, unlike math.isfinite, trace under torch.compile
         raise ValueError(f"eps: expected a finite float > 0, got {eps}")
 
 
 def token_major_empty(x: torch.Tensor) -> torch.Tensor:
-    """[B, H, S, D] view of a fresh contiguous [B, S, H, D] buffer."""
+    """A fresh [B, H, S, D] tensor in contiguous [B, S, H, D] storage (torch's contiguous strides of
+    [B, S, H, D], transposed). One allocation call: torch.empty(...).transpose(1, 2) took 3x the
+    host time (docs/perf.md, decode)."""
     b, h, s, d = x.shape
-    return torch.empty((b, s, h, d), dtype=x.dtype, device=x.device).transpose(1, 2)
+    stride_h = max(d, 1)
+    stride_s = max(h, 1) * stride_h
+    return x.new_empty_strided((b, h, s, d), (max(s, 1) * stride_s, stride_h, stride_s, 1))
 
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@functools.cache  # once per geometry: a decode call is dominated by host time (docs/perf.md)
 def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
 
     The interpreter pays per program: big blocks on CPU. On the H200 small programs won
     (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 1024 x 1 warp for partial
-    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward.
+    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward. The dict is shared between
+    calls: read it, never change it.
     """
     block = next_pow2(dim)
     if INTERPRET:

@@ -119,11 +119,16 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
+def _outputs(x):
+    """The forward's outputs: `out` token-major like x, FP32 `rstd` with one entry per row."""
+    batch, heads, seq, _ = x.shape
+    return token_major_empty(x), x.new_empty(batch * seq * heads, dtype=torch.float32)
+
+
 def _forward(x, cos, sin, rotary, eps):
-    out = token_major_empty(x)
+    out, rstd = _outputs(x)
     batch, heads, seq, dim = x.shape
     rows = batch * seq * heads
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
     if rows == 0 or dim == 0:
         return out, rstd
     config = tile_config(dim, 2048)
@@ -148,22 +153,76 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     return out
 
 
+# --- torch.library ops: what torch.compile sees of a kernel, an opaque call with a fake -----
+# As in rope.py: inputs keep their traced strides under inductor (needs_exact_strides); the fake
+# implementations allocate as the launchers do.
+
+
+@torch.library.custom_op("dsrope::qnorm_rope", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+def qnorm_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward of qnorm_rope_triton on checked arguments: (out, rstd)."""
+    return _forward(x, cos, sin, rotary, eps)
+
+
+@qnorm_rope.register_fake
+def _qnorm_rope_fake(x, cos, sin, rotary, eps):
+    return _outputs(x)
+
+
+@torch.library.custom_op("dsrope::qnorm_rope_backward", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+def qnorm_rope_backward(
+    x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rstd: torch.Tensor, rotary: int
+) -> torch.Tensor:
+    """Input gradient of qnorm_rope from the upstream gradient and the saved rstd."""
+    return _backward(x, grad, cos, sin, rstd, rotary)
+
+
+@qnorm_rope_backward.register_fake
+def _qnorm_rope_backward_fake(x, grad, cos, sin, rstd, rotary):
+    return token_major_empty(x)
+
+
 class _QNormRoPE(torch.autograd.Function):
-    """Autograd implementation with FP32 saved inverse RMS."""
+    """Autograd implementation with FP32 saved inverse RMS.
+
+    Two ways in, one formula (as _PartialRoPE): eager calls that want a gradient go through `apply`,
+    whose forward and backward call the launchers directly; the op gets `save` as its setup_context
+    and `backward_op`, which calls the backward op so that tracing sees it.
+    """
 
     @staticmethod
     def forward(ctx, x, cos, sin, rotary, eps):
         out, rstd = _forward(x, cos, sin, rotary, eps)
-        ctx.save_for_backward(x, cos, sin, rstd)
-        ctx.rotary = rotary
+        _QNormRoPE.save(ctx, (x, cos, sin, rotary, eps), (out, rstd))
         return out
 
     @staticmethod
-    def backward(ctx, grad_output):
+    def save(ctx, inputs, output):
+        x, cos, sin, rotary, _ = inputs
+        ctx.save_for_backward(x, cos, sin, output[1])
+        ctx.rotary = rotary
+
+    @staticmethod
+    def backward_inputs(ctx, grad_output):
+        """The backward's arguments: x, the gradient in x's dtype, cos, sin, rstd, rotary."""
         x, cos, sin, rstd = ctx.saved_tensors
         if grad_output.shape != x.shape:
             raise ValueError(f"grad_output: expected shape {list(x.shape)}, got {list(grad_output.shape)}")
-        return _backward(x, grad_output.to(x.dtype), cos, sin, rstd, ctx.rotary), None, None, None, None
+        return x, grad_output.to(x.dtype), cos, sin, rstd, ctx.rotary
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _backward(*_QNormRoPE.backward_inputs(ctx, grad_output)), None, None, None, None
+
+    @staticmethod
+    def backward_op(ctx, grad_output, grad_rstd):
+        # rstd is an output of the op only to be saved; no gradient flows into it
+        return qnorm_rope_backward(*_QNormRoPE.backward_inputs(ctx, grad_output)), None, None, None, None
+
+
+torch.library.register_autograd("dsrope::qnorm_rope", _QNormRoPE.backward_op, setup_context=_QNormRoPE.save)
 
 
 def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:
@@ -175,4 +234,10 @@ def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot
     check_eps(eps)
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)
-    return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))
+    # As rope._run: the op under torch.compile; in eager the autograd.Function when a gradient is
+    # wanted, else the launcher alone. The same launchers on the same arguments: the same bits.
+    if torch.compiler.is_compiling():
+        return qnorm_rope(x, cos, sin, rotary, eps)[0]
+    if x.requires_grad and torch.is_grad_enabled():
+        return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))
+    return _forward(x, cos, sin, rotary, float(eps))[0]

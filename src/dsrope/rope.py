@@ -82,17 +82,73 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     return out
 
 
+# --- torch.library ops: what torch.compile sees of a kernel, an opaque call with a fake -----
+# Inductor hands a custom op's inputs over with the strides they had when traced (needs_exact_strides,
+# also the default for custom ops since torch 2.8), so a compiled call launches on the layouts the
+# eager call would see. The fake implementations allocate as the launchers do: token-major outputs.
+
+
+@torch.library.custom_op("dsrope::partial_rope", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
+    """Forward of apply_partial_rope_triton on checked arguments."""
+    return _launch(x, cos, sin, rotary, inverse=False)
+
+
+@torch.library.custom_op("dsrope::partial_rope_backward", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+def partial_rope_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
+    """Backward of partial_rope: the conjugate rotation of the upstream gradient."""
+    return _launch(grad, cos, sin, rotary, inverse=True)
+
+
+@partial_rope.register_fake
+@partial_rope_backward.register_fake
+def _token_major_like(x, cos, sin, rotary):
+    return token_major_empty(x)
+
+
 class _PartialRoPE(torch.autograd.Function):
+    """Autograd of partial RoPE; only cos and sin are saved.
+
+    Two ways in, one formula: eager calls go through `apply` (see _run), whose forward and backward
+    call the launcher directly; the op gets `save` as its setup_context and `backward_op`, which
+    calls the backward op so that tracing sees it. Both launch `_launch` on the same arguments.
+    """
+
     @staticmethod
     def forward(ctx, x, cos, sin, rotary):
+        _PartialRoPE.save(ctx, (x, cos, sin, rotary), None)
+        return _launch(x, cos, sin, rotary, inverse=False)
+
+    @staticmethod
+    def save(ctx, inputs, output):
+        _, cos, sin, rotary = inputs
         ctx.save_for_backward(cos, sin)
         ctx.rotary = rotary
-        return _launch(x, cos, sin, rotary, inverse=False)
 
     @staticmethod
     def backward(ctx, grad_output):
         cos, sin = ctx.saved_tensors
         return _launch(grad_output, cos, sin, ctx.rotary, inverse=True), None, None, None
+
+    @staticmethod
+    def backward_op(ctx, grad_output):
+        cos, sin = ctx.saved_tensors
+        return partial_rope_backward(grad_output, cos, sin, ctx.rotary), None, None, None
+
+
+torch.library.register_autograd("dsrope::partial_rope", _PartialRoPE.backward_op, setup_context=_PartialRoPE.save)
+
+
+def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
+    """Partial RoPE of checked arguments. Under torch.compile: the op. In eager, host time decides
+    (docs/perf.md, decode): the autograd.Function when a gradient is wanted (the op's dispatch and
+    autograd wrapper cost 2.5 times as much), else the launcher alone (inference, decode). Every
+    path launches `_launch` on the same arguments: the same bits."""
+    if torch.compiler.is_compiling():
+        return partial_rope(x, cos, sin, rotary)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _PartialRoPE.apply(x, cos, sin, rotary)
+    return _launch(x, cos, sin, rotary, inverse=False)
 
 
 def apply_partial_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
@@ -107,4 +163,4 @@ def apply_partial_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     check_rotary(rotary, x.shape[-1])
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)
-    return _PartialRoPE.apply(x, cos, sin, rotary)
+    return _run(x, cos, sin, rotary)

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 import torch
 
 from dsrope._common import FLOAT_DTYPES, INTERPRET, check_device
-from dsrope.rope import _PartialRoPE
+from dsrope.rope import _run
 
 FORMATS = ("bshd", "thd")
 YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
@@ -266,9 +266,10 @@ def _kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Interleaved rotation of all channels of x [B, S, H, d] by the kernel; cos, sin FP32 [B, S, d].
 
     The kernel takes [B, H, S, d] with any strides and returns token-major storage, so the
-    transposes are views and the result is a contiguous [B, S, H, d].
+    transposes are views and the result is a contiguous [B, S, H, d]. Through rope._run: the op
+    dsrope::partial_rope under torch.compile, the autograd.Function in eager.
     """
-    return _PartialRoPE.apply(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
+    return _run(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
 
 
 def _interleaved(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -459,7 +460,11 @@ def apply_rotary_emb_qk(
     rope_fusion=False: apply_rotary_emb on q and k with the complex table, one row per local
       token; the rows already carry the positions, so cu_seqlens and cp are checked, not used.
     The two give the same result when the complex rows hold the positions the fused path derives.
-    cu_seqlens is read on the host (one device sync) to check it and to pick the table rows.
+    cu_seqlens is read on the host (one device sync) to check it and to pick the table rows: such a
+    call does not compile with fullgraph=True and cannot be captured in a CUDA graph. cp_size > 1
+    compiles, but builds the row indices on the CPU and copies them over (from pageable memory: not
+    capturable either). Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
+    (docs/perf.md, "Decode").
     """
     _check_format("format", format)
     _check_bool("rope_fusion", rope_fusion)
