@@ -98,6 +98,28 @@ def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     return dict(M=max(1, elements // block), BLOCK=block, num_warps=warps if block <= 1024 else max(warps, 4))
 
 
+@functools.cache
+def _programs_wanted(device_index: int) -> int:
+    return 2 * torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
+    """`config` with fewer rows per program where there are too few rows to give every SM two
+    programs (decode: S = 1, B * H rows): the smallest launches are latency-bound, and on the H200
+    one row per program cut the QNorm forward at B=1, H=64 from 2.20 to 1.63 us per call under graph
+    replay (docs/perf.md, decode). Only for BLOCK >= 256: then each row's channels lie on the 32 lanes
+    of a warp the same way for any M (the per-lane vector is at most 16 bytes), so the row sum keeps
+    its order and the bits stay those of the prefill config (H200: identical at D = 512, all decode
+    shapes). Not for the QNorm backward: with 2 warps, M decides whether a row spans both warps."""
+    m = config["M"]
+    if INTERPRET or config["BLOCK"] < 256 or rows >= m * _programs_wanted(device.index):
+        return config
+    per_program = max(1, rows // _programs_wanted(device.index))
+    while m > per_program:
+        m //= 2
+    return {**config, "M": m}
+
+
 @triton.jit
 def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
     """t [M, BLOCK] with the two lanes of every pair (2i, 2i+1) exchanged, in registers.

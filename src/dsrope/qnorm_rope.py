@@ -27,6 +27,7 @@ from dsrope._common import (
     check_table,
     check_x,
     pair_table,
+    spread_rows,
     swap_pairs,
     tile_config,
     token_major_empty,
@@ -131,7 +132,7 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    config = tile_config(dim, 2048)
+    config = spread_rows(tile_config(dim, 2048), rows, x.device)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,

@@ -16,6 +16,7 @@ from dsrope._common import (
     check_rotary,
     check_table,
     check_x,
+    spread_rows,
     tile_config,
     token_major_empty,
 )
@@ -74,7 +75,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = tile_config(dim, 1024)
+    config = spread_rows(tile_config(dim, 1024), rows, x.device)
     _rotate[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
