@@ -240,22 +240,53 @@ def our_ops(graph) -> set[str]:
     return {str(n.target) for n in graph.graph.nodes if str(n.target).startswith("dsrope.")}
 
 
+def upstream_gradient_layouts(launches) -> list[tuple]:
+    """(shape, strides, offset) of the upstream gradient each backward launch received."""
+    backward = [layouts for name, layouts in launches if name == "_backward"]  # QNorm: (x, grad, ...)
+    rotations = [layouts for name, layouts in launches if name == "_launch"]  # rope: forward, then grad
+    return [layouts[1] for layouts in backward] or [layouts[0] for layouts in rotations[1::2]]
+
+
+def in_layouts(seed, layouts):
+    """The upstream gradients of like_outputs(seed), stored with the given (shape, strides, offset)."""
+
+    def grads(outs):
+        out = []
+        for g, (shape, stride, offset) in zip(like_outputs(seed)(outs), layouts, strict=True):
+            storage = torch.empty(
+                offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) + 1,
+                dtype=g.dtype,
+                device=g.device,
+            )
+            out.append(storage.as_strided(shape, stride, offset).copy_(g))
+        return out
+
+    return grads
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_compiled_matches_eager_bitwise(kernel, backend, launches):
     """fullgraph: one graph with our op and no break; outputs and gradients bit-identical to the
-    eager call, whose kernels saw the same layouts."""
+    eager call given the same inputs. AOTAutograd may hand the compiled backward the upstream
+    gradient in a layout of its own (torch 2.11 makes a token-major one contiguous; 2.13 keeps it),
+    and the QNorm backward's row sum may follow the layout: so the eager call gets the same gradient
+    values in the layout the compiled backward received, and every launch must then see the same
+    layouts as in the compiled call."""
     fn, diff, other = case(kernel, SHAPE[2], seed=10)
     counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(fn, backend=counter, fullgraph=True)
-    eager_out, eager_dx = forward_backward(fn, diff, other, like_outputs(20))
-    eager_launches = list(launches)
-    launches.clear()
     out, dx = forward_backward(compiled, diff, other, like_outputs(20))
+    compiled_launches = list(launches)
+    launches.clear()
+    # the V3 paths' outputs are contiguous [B, S, H, d]: AOTAutograd keeps that layout on every torch
+    direct = kernel in ("partial_rope", "qnorm_rope")
+    grads = in_layouts(20, upstream_gradient_layouts(compiled_launches)) if direct else like_outputs(20)
+    eager_out, eager_dx = forward_backward(fn, diff, other, grads)
     assert counter.frame_count == 1
     expected = {"dsrope.qnorm_rope.default"} if kernel == "qnorm_rope" else {"dsrope.partial_rope.default"}
     assert our_ops(counter.graphs[0]) == expected
-    assert launches == eager_launches, LAYOUTS_DIFFER
+    assert launches == compiled_launches, LAYOUTS_DIFFER
     assert_same(eager_out, out, f"{kernel} forward")
     assert_same(eager_dx, dx, f"{kernel} backward")
 
@@ -392,3 +423,17 @@ def test_decode_shape_compiles_and_replays(kernel):
     graph.replay()
     torch.cuda.synchronize()
     assert same_bits(eager, captured)
+
+
+def test_forward_mode_ad_is_refused_not_dropped():
+    """A dual tensor does not require grad; the eager fast path must not take it and silently lose its
+    tangent: the Function (no jvp) refuses it, as before the fast path existed."""
+    import torch.autograd.forward_ad as fwAD
+
+    fn, (x,), other = case("qnorm_rope", SHAPE[2], seed=40)
+    rope, (xr,), other_r = case("partial_rope", SHAPE[2], seed=41)
+    with fwAD.dual_level():
+        for f, t, rest in ((fn, x, other), (rope, xr, other_r)):
+            dual = fwAD.make_dual(t, torch.ones_like(t))
+            with pytest.raises(RuntimeError, match="jvp"):
+                f(dual, *rest)

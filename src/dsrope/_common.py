@@ -69,6 +69,13 @@ def check_eps(eps) -> None:
         raise ValueError(f"eps: expected a finite float > 0, got {eps}")
 
 
+def wants_autograd(x: torch.Tensor) -> bool:
+    """Whether a call must go through the autograd.Function: a gradient is wanted, or forward-mode AD
+    is active (a dual tensor does not require grad; the Function then refuses it, having no jvp,
+    where the bare launcher would silently drop the tangent)."""
+    return (x.requires_grad and torch.is_grad_enabled()) or torch.autograd.forward_ad._current_level >= 0
+
+
 def token_major_empty(x: torch.Tensor) -> torch.Tensor:
     """A fresh [B, H, S, D] tensor in contiguous [B, S, H, D] storage (torch's contiguous strides of
     [B, S, H, D], transposed). One allocation call: torch.empty(...).transpose(1, 2) took 3x the
@@ -105,12 +112,12 @@ def _programs_wanted(device_index: int) -> int:
 
 def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
     """`config` with fewer rows per program where there are too few rows to give every SM two
-    programs (decode: S = 1, B * H rows): the smallest launches are latency-bound, and on the H200
-    one row per program cut the QNorm forward at B=1, H=64 from 2.20 to 1.63 us per call under graph
-    replay (docs/perf.md, decode). Only for BLOCK >= 256: then each row's channels lie on the 32 lanes
-    of a warp the same way for any M (the per-lane vector is at most 16 bytes), so the row sum keeps
-    its order and the bits stay those of the prefill config (H200: identical at D = 512, all decode
-    shapes). Not for the QNorm backward: with 2 warps, M decides whether a row spans both warps."""
+    programs (decode: S = 1, B * H rows), for partial RoPE: the smallest launches are latency-bound.
+    Each output element is computed by the same instructions for any M (no reduction), so the bits
+    do not change. Not for the QNorm kernels: there M changes a row's sum of squares in the last bit
+    on some rows (H200, 2026-12-03: one row per program gave rstd 1 ulp apart on rows of the
+    huge-fp16 and huge-fp32 goldens), and a row's result must not depend on how many rows share its
+    launch. BLOCK >= 256 only (the decode geometry, D = 512), where it was measured."""
     m = config["M"]
     if INTERPRET or config["BLOCK"] < 256 or rows >= m * _programs_wanted(device.index):
         return config

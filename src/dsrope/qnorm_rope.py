@@ -27,10 +27,10 @@ from dsrope._common import (
     check_table,
     check_x,
     pair_table,
-    spread_rows,
     swap_pairs,
     tile_config,
     token_major_empty,
+    wants_autograd,
 )
 
 
@@ -132,7 +132,7 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    config = spread_rows(tile_config(dim, 2048), rows, x.device)
+    config = tile_config(dim, 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
@@ -159,7 +159,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
 # implementations allocate as the launchers do.
 
 
-@torch.library.custom_op("dsrope::qnorm_rope", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+@torch.library.custom_op("dsrope::qnorm_rope", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
 def qnorm_rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +172,7 @@ def _qnorm_rope_fake(x, cos, sin, rotary, eps):
     return _outputs(x)
 
 
-@torch.library.custom_op("dsrope::qnorm_rope_backward", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+@torch.library.custom_op("dsrope::qnorm_rope_backward", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
 def qnorm_rope_backward(
     x: torch.Tensor, grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rstd: torch.Tensor, rotary: int
 ) -> torch.Tensor:
@@ -239,6 +239,6 @@ def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot
     # wanted, else the launcher alone. The same launchers on the same arguments: the same bits.
     if torch.compiler.is_compiling():
         return qnorm_rope(x, cos, sin, rotary, eps)[0]
-    if x.requires_grad and torch.is_grad_enabled():
+    if wants_autograd(x):
         return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))
     return _forward(x, cos, sin, rotary, float(eps))[0]

@@ -19,6 +19,7 @@ from dsrope._common import (
     spread_rows,
     tile_config,
     token_major_empty,
+    wants_autograd,
 )
 
 
@@ -89,13 +90,13 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
 # eager call would see. The fake implementations allocate as the launchers do: token-major outputs.
 
 
-@torch.library.custom_op("dsrope::partial_rope", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+@torch.library.custom_op("dsrope::partial_rope", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
 def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
     """Forward of apply_partial_rope_triton on checked arguments."""
     return _launch(x, cos, sin, rotary, inverse=False)
 
 
-@torch.library.custom_op("dsrope::partial_rope_backward", mutates_args=(), tags=torch.Tag.needs_exact_strides)
+@torch.library.custom_op("dsrope::partial_rope_backward", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
 def partial_rope_backward(grad: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
     """Backward of partial_rope: the conjugate rotation of the upstream gradient."""
     return _launch(grad, cos, sin, rotary, inverse=True)
@@ -147,7 +148,7 @@ def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> 
     path launches `_launch` on the same arguments: the same bits."""
     if torch.compiler.is_compiling():
         return partial_rope(x, cos, sin, rotary)
-    if x.requires_grad and torch.is_grad_enabled():
+    if wants_autograd(x):
         return _PartialRoPE.apply(x, cos, sin, rotary)
     return _launch(x, cos, sin, rotary, inverse=False)
 
