@@ -163,8 +163,8 @@ CATALOG = [
         ROPE,
         "the gradient path is taken only for a leaf x: an x computed from parameters loses its gradient",
         (
-            "    if x.requires_grad and torch.is_grad_enabled():\n        return _PartialRoPE",
-            "    if x.is_leaf and x.requires_grad and torch.is_grad_enabled():\n        return _PartialRoPE",
+            "    if wants_autograd(x):\n        return _PartialRoPE",
+            "    if x.is_leaf and wants_autograd(x):\n        return _PartialRoPE",
         ),
     ),
     mutant(
@@ -799,8 +799,17 @@ CATALOG = [
         QNORM,
         "the gradient path is taken only for a leaf x: an x computed from parameters loses its gradient",
         (
-            "    if x.requires_grad and torch.is_grad_enabled():\n        return _QNormRoPE",
-            "    if x.is_leaf and x.requires_grad and torch.is_grad_enabled():\n        return _QNormRoPE",
+            "    if wants_autograd(x):\n        return _QNormRoPE",
+            "    if x.is_leaf and wants_autograd(x):\n        return _QNormRoPE",
+        ),
+    ),
+    mutant(
+        "common.forward_ad_ignored",
+        COMMON,
+        "the eager fast path takes a dual tensor (forward-mode AD): its tangent is silently dropped",
+        (
+            "    return (x.requires_grad and torch.is_grad_enabled()) or torch.autograd.forward_ad._current_level >= 0",
+            "    return x.requires_grad and torch.is_grad_enabled()",
         ),
     ),
     mutant(
