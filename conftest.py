@@ -62,7 +62,7 @@ def _cost_rank(item) -> int:
     """On CUDA, the long tests first (the >2**31-element tests, then the property module, whose every
     example compiles kernels: docs/gpu-runs.md), so that no worker starts one when the others are done
     (on CPU the order is kept: the mutation gate runs the slow property module last on purpose)."""
-    if "slow" in item.keywords:
+    if item.get_closest_marker("slow"):
         return 0
     if item.nodeid.startswith("tests/test_properties.py"):
         return 1

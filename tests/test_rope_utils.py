@@ -153,7 +153,10 @@ LARGE_POSITIONS = [(1 << 24) - 1, (1 << 24) + 1, (1 << 31) - 1]  # rounded to FP
 
 @pytest.mark.parametrize("name", list(FREQUENCY_CASES))
 def test_frequencies_equal_upstream(name):
-    """The default frequencies are upstream's FP32 frequencies bit for bit."""
+    """The default frequencies are upstream's FP32 frequencies bit for bit: against reference/'s
+    transcription of upstream's op sequence (a second, independent writing of it, not dsrope's
+    code). A misreading shared by both would pass here; transformers' own transcription
+    (tests/test_vs_transformers_tables.py) and the mpmath bounds are the independent anchors."""
     dim, max_seq_len, theta, scaling = FREQUENCY_CASES[name]
     freqs = precompute_freqs_cis(dim, max_seq_len, theta, scaling)
     assert torch.equal(freqs, ref.upstream_frequencies(dim, max_seq_len, theta, scaling))
@@ -163,8 +166,9 @@ def test_frequencies_equal_upstream(name):
 def test_tables_equal_upstream(name):
     """Complex (bshd; thd at every fifth) and fused tables at every position 0 .. max_seq_len - 1,
     at random positions of a batch of two and past 2**24: upstream's torch.polar of the FP32 angle bit for
-    bit (on CPU upstream's own table; on CUDA what the same code builds there); the fused table's
-    cos and sin are the complex table's real and imaginary parts."""
+    bit (on CPU upstream's own table; on CUDA with the device's FP32 cos and sin); the fused table's
+    cos and sin are the complex table's real and imaginary parts. As above, against reference/'s
+    transcription; on CUDA the frequencies are the CPU ones on both sides."""
     dim, max_seq_len, theta, scaling = FREQUENCY_CASES[name]
     freqs = precompute_freqs_cis(dim, max_seq_len, theta, scaling)
     every = torch.arange(max_seq_len, device=DEVICE)[None]

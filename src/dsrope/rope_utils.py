@@ -22,11 +22,14 @@ inference code, inference/model.py precompute_freqs_cis, and the Automodel modul
 mirrors, deepseek_v3/rope_utils.py), every op in FP32: 1.0 / (theta ** (arange(0, d, 2) / d)), the
 YaRN blend freqs / factor * (1 - smooth) + freqs * smooth, and torch.polar(ones, angle), whose
 real and imaginary parts are also the fused table's cos and sin. On CPU that is the upstream table
-bit for bit; on CUDA it is the table the same code builds on CUDA (the device's FP32 cos and sin).
+bit for bit. The frequencies are always computed on the CPU; on CUDA the angles' cos and sin are
+the device's FP32 ones, so a CUDA table can differ from a CPU one in the last bit (as upstream's
+code run on CUDA would too, whose frequencies could differ as well: not reproduced here).
 For a golden suite these bits are the contract: a more accurate table is a different table.
 fp64=True (keyword of both functions) asks for the most accurate table instead: frequencies, and
-cos and sin of the same FP32 angle, evaluated in FP64 and rounded once to FP32 (the same bits on
-CPU and CUDA). reference/rope_utils.py states and tests the error of both.
+cos and sin of the same FP32 angle, evaluated in FP64 and rounded once to FP32 (within 2**-24 +
+2**-40 relative of the exact values on either device). reference/rope_utils.py states and tests
+the error of both.
 
 Context parallelism (cp_size > 1): a sequence of L tokens is cut into 2*cp_size chunks of
 L/(2*cp_size) tokens and rank r holds chunks r and 2*cp_size-1-r, in that order (the usual load
