@@ -39,5 +39,11 @@ def values(shape, dtype, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     return v.to(dtype)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of t as integers of its width (on the CPU), for bit-for-bit comparisons."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().cpu().contiguous().view(ints)
+
+
 def laid_out(shape, dtype, layout: Layout, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     return materialize(values(shape, dtype, seed, scale).to(DEVICE), layout)

@@ -31,10 +31,9 @@ from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from dsrope.qnorm_rope import _forward, qnorm_rope, qnorm_rope_backward
 from dsrope.rope import partial_rope, partial_rope_backward
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_qk, freqs_cis_from_position_ids, precompute_freqs_cis
-from tests.common import DEVICE, laid_out, tables, values
+from tests.common import DEVICE, bits, laid_out, tables, values
 from tests.layouts import TOKEN_MAJOR, Layout, layout_of
 
-BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 SHAPE, ROTARY, EPS = (2, 3, 5, 24), 8, 1e-6  # B, H, S, D: no two equal, so no size is guessed equal to another
 LAYOUTS = {
     "token_major": TOKEN_MAJOR,
@@ -74,7 +73,7 @@ def launches(monkeypatch):
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype]))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
 # --- opcheck and the fake implementations ------------------------------------------------------

@@ -15,7 +15,7 @@ import torch
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from reference import qnorm_rope as qnorm_model
 from reference.rope import partial_rope
-from tests.common import DEVICE, tables
+from tests.common import DEVICE, bits, tables
 
 pytestmark = pytest.mark.gpu
 
@@ -135,5 +135,4 @@ def test_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
     spread = apply_partial_rope_triton(x, cos, sin, ROTARY)
     monkeypatch.setattr(dsrope.rope, "spread_rows", lambda config, rows, device: config)
     prefill = apply_partial_rope_triton(x, cos, sin, ROTARY)
-    bits = torch.int16 if x.element_size() == 2 else torch.int32
-    assert torch.equal(spread.view(bits), prefill.view(bits))
+    assert torch.equal(bits(spread), bits(prefill))

@@ -51,7 +51,7 @@ from reference import qnorm_rope as qmodel  # noqa: E402
 from reference import rope_utils as v3_model  # noqa: E402
 from reference.floats import U32, fmt  # noqa: E402
 from reference.rope import partial_rope, tables  # noqa: E402
-from tests.common import DEVICE  # noqa: E402
+from tests.common import DEVICE, bits  # noqa: E402
 from tests.layouts import Layout, layout_of  # noqa: E402
 from tests.strategies import Case, Tables, V3Case, Values, cases, v3_cases  # noqa: E402
 
@@ -83,11 +83,6 @@ def whole_storage(t: torch.Tensor) -> torch.Tensor:
     """All of t's storage as a 1-D tensor (the NaN gaps of a strided view included)."""
     n = t.untyped_storage().nbytes() // t.element_size()
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (n,))
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.detach().cpu().contiguous().view(ints)
 
 
 def assert_identical(a: torch.Tensor, b: torch.Tensor, what: str) -> None:

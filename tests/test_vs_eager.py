@@ -37,7 +37,7 @@ import torch
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from reference import qnorm_rope as qnorm_model
 from reference.rope import Model, partial_rope
-from tests.common import DTYPES, ON_GPU, laid_out, tables
+from tests.common import DTYPES, ON_GPU, bits, laid_out, tables
 from tests.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
 from tests.layouts import TOKEN_MAJOR, Layout
 
@@ -50,11 +50,6 @@ CASES = {
     "grad_of_sum": ((2, 2, 3, 40), 12, 1e-6, None),  # None: the stride-0 gradient of .sum()
 }
 EVEN_D = [name for name, case in CASES.items() if case[0][-1] % 2 == 0]  # partial RoPE refuses odd D
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu()
-    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
 def assert_agree(ours, eager, model: Model, what: str, everywhere: bool) -> float:

@@ -62,7 +62,7 @@ from dsrope.rope_utils import (  # noqa: E402
 )
 from reference import rope_utils as ref  # noqa: E402
 from reference.rope import Model  # noqa: E402
-from tests.common import DEVICE, DTYPES, ON_GPU, gen, values  # noqa: E402
+from tests.common import DEVICE, DTYPES, ON_GPU, bits, gen, values  # noqa: E402
 from tests.test_rope_utils import V3_MAX_SEQ, V3_SCALING  # noqa: E402  (the config those tests use)
 
 # DeepSeek-V3's rope: qk_rope_head_dim 64, theta 10000, YaRN factor 40 over 4096 positions; and a
@@ -115,11 +115,6 @@ def ours_interleaved(q, k, freqs_cis, layout: str, path: str):
     if path == "eager":
         freqs_cis = freqs_cis.clone().requires_grad_()
     return apply_rotary_emb(q, freqs_cis, fmt), apply_rotary_emb(k, freqs_cis, fmt, unsqueeze_dim=2)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().cpu()
-    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
 def assert_agree(ours: torch.Tensor, theirs: torch.Tensor, model: Model, what: str, everywhere: bool = not ON_GPU):
