@@ -1,21 +1,17 @@
 """Suite-wide setup: device selection, hypothesis profiles, markers.
 
 CUDA when a device is visible (compiled kernels); otherwise the real Triton kernels run in
-Triton's interpreter on CPU. TRITON_INTERPRET must be set before triton.jit decorates the
-kernels, hence before dsrope is imported, hence here.
+Triton's interpreter on CPU (dsrope_gate.startup: before dsrope is imported, hence here).
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))  # `reference` and `tests` import from the checkout
-
+# The checkout's src/ and reference/ are on the path through pyproject's [tool.pytest.ini_options]
+# pythonpath, ahead of any installed copy.
 # One pytest-xdist worker per GPU (gpu-tests -n k); must run before anything initialises CUDA.
-from tests.gpu_pinning import pin_worker_to_gpu  # noqa: E402
+from dsrope_gate.gpu_pinning import pin_worker_to_gpu  # noqa: E402
 
 pin_worker_to_gpu()
 
@@ -26,8 +22,9 @@ import torch  # noqa: E402
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+from dsrope_gate.startup import interpret_without_gpu  # noqa: E402
+
+interpret_without_gpu()
 
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 

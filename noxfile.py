@@ -18,6 +18,13 @@ nox.options.reuse_existing_virtualenvs = True
 CPU_TORCH = "torch==2.13.0"
 
 
+def checkout_path() -> str:
+    """PYTHONPATH for the sessions that run in the environment they find (no install): the checkout's
+    packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference) and its root (tests, tools)."""
+    paths = [str(ROOT / "src"), str(ROOT / "reference"), str(ROOT), os.environ.get("PYTHONPATH")]
+    return os.pathsep.join(filter(None, paths))
+
+
 def install_cpu(session: nox.Session, *extras: str) -> None:
     session.install(CPU_TORCH)
     session.install("-e", f".[{','.join(('test', *extras))}]")
@@ -78,7 +85,7 @@ def gpu_tests(session: nox.Session) -> None:
     junit.parent.mkdir(exist_ok=True)
     env = {
         "TRITON_INTERPRET": "0",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": checkout_path(),
         "HYPOTHESIS_PROFILE": "gpu",
         # Triton's MLIR contexts are multithreaded by default; the xdist workers already keep every
         # core busy, so each compile runs single-threaded (the generated code is the same either way).
@@ -96,10 +103,7 @@ def lint(session: nox.Session) -> None:
 
 
 def cuda_session_env() -> dict:
-    return {
-        "TRITON_INTERPRET": "0",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH")])),
-    }
+    return {"TRITON_INTERPRET": "0", "PYTHONPATH": checkout_path()}
 
 
 @nox.session(venv_backend="none")
@@ -115,7 +119,8 @@ def sanitize(session: nox.Session) -> None:
         "--leak-check",
         "no",
         "python",
-        "tools/sanitize_launches.py",
+        "-m",
+        "tools.sanitize_launches",
         external=True,
         env=env,
     )
@@ -124,7 +129,7 @@ def sanitize(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Benchmark on CUDA: CSV, markdown table and chart under out/bench (see bench/bench.py)."""
-    session.run("python", "bench/bench.py", *session.posargs, env=cuda_session_env())
+    session.run("python", "-m", "bench.bench", *session.posargs, env=cuda_session_env())
 
 
 @nox.session
@@ -156,12 +161,12 @@ def verify(session: nox.Session) -> None:
 def gpu_mutants(session: nox.Session) -> None:
     """The GPU-only mutants (32-bit offsets) against the gpu-marked tests, on CUDA, in the environment
     found (as gpu-tests: a CUDA host's packages need not be visible to a fresh virtualenv)."""
-    session.run("python", "tools/mutants.py", "--gpu", *session.posargs)
+    session.run("python", "-m", "tools.mutants", "--gpu", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
 @nox.session(venv_params=["--system-site-packages"])
 def mutants(session: nox.Session) -> None:
-    """Mutation gate (tools/mutants.py): every seeded kernel fault must fail the suite.
+    """Mutation gate (dsrope_gate.mutation): every seeded kernel fault must fail the suite.
 
     CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
     On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).
@@ -171,4 +176,4 @@ def mutants(session: nox.Session) -> None:
         session.run("python", "-c", probe, silent=True)
     except nox.command.CommandFailed:
         install_cpu(session)
-    session.run("python", "tools/mutants.py", *session.posargs)
+    session.run("python", "-m", "tools.mutants", *session.posargs)

@@ -17,9 +17,9 @@ calls and a synchronize: the CPU launch overhead included) and under CUDA graph 
 (`DECODE_CALLS` calls captured in one graph, the host clock around `DECODE_REPLAYS` replays).
 Each the median of `DECODE_SAMPLES` such measurements. Writes decode.csv and decode.md.
 
-    python bench/bench.py --out out/bench            # everything: prefill and decode rows
-    python bench/bench.py --decode                   # the decode rows only
-    python bench/bench.py --quick [--decode]         # one shape, for a smoke run
+    python -m bench.bench --out out/bench            # everything: prefill and decode rows
+    python -m bench.bench --decode                   # the decode rows only
+    python -m bench.bench --quick [--decode]         # one shape, for a smoke run
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import csv
 import datetime
 import functools
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -38,7 +37,6 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
@@ -135,8 +133,9 @@ def _time_one(fn, x, cos, sin, direction):
     if direction == "backward":
         xg = x.detach().requires_grad_()
         out = fn(xg, cos, sin)
-        return do_bench(lambda: torch.autograd.grad(out, xg, g, retain_graph=True), warmup=25, rep=100,
-                        return_mode="median")
+        return do_bench(
+            lambda: torch.autograd.grad(out, xg, g, retain_graph=True), warmup=25, rep=100, return_mode="median"
+        )
 
     def both():
         xi = x.detach().requires_grad_()
@@ -174,19 +173,33 @@ def prefill(out, impls, shapes, versions):
                     ms = {i: time_one(IMPLS[kernel][i], x, cos, sin, direction) for i in impls}
                     # ours again after the others: the median of these TRITON_SAMPLES medians, so
                     # that one disturbed do_bench does not decide a row; the spread goes in the CSV
-                    samples = [ms["triton"]] + [time_one(IMPLS[kernel]["triton"], x, cos, sin, direction)
-                                                for _ in range(TRITON_SAMPLES - 1)]
+                    samples = [ms["triton"]] + [
+                        time_one(IMPLS[kernel]["triton"], x, cos, sin, direction) for _ in range(TRITON_SAMPLES - 1)
+                    ]
                     ms["triton"] = statistics.median(samples)
                     nbytes = bytes_moved(kernel, direction, b, h, s)
                     gbs = nbytes / (ms["triton"] * 1e-3) / 1e9
-                    row = dict(kernel=kernel, direction=direction, B=b, H=h, S=s, layout=layout,
-                               triton_ms=ms["triton"], triton_ms_min=min(samples), triton_ms_max=max(samples),
-                               bytes=nbytes, GBps=gbs, copy_fraction=gbs * 1e9 / copy,
-                               **{f"{i}_ms": ms[i] for i in impls if i != "triton"},
-                               **{f"speedup_vs_{i}": ms[i] / ms["triton"] for i in impls if i != "triton"})
+                    row = dict(
+                        kernel=kernel,
+                        direction=direction,
+                        B=b,
+                        H=h,
+                        S=s,
+                        layout=layout,
+                        triton_ms=ms["triton"],
+                        triton_ms_min=min(samples),
+                        triton_ms_max=max(samples),
+                        bytes=nbytes,
+                        GBps=gbs,
+                        copy_fraction=gbs * 1e9 / copy,
+                        **{f"{i}_ms": ms[i] for i in impls if i != "triton"},
+                        **{f"speedup_vs_{i}": ms[i] / ms["triton"] for i in impls if i != "triton"},
+                    )
                     rows.append(row)
-                    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                          flush=True)
+                    print(
+                        " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                        flush=True,
+                    )
             del x, cos, sin
             torch.cuda.empty_cache()
     write_csv(out / "bench.csv", rows)
@@ -265,21 +278,27 @@ def decode_row(kernel, b, h):
 
 
 def decode(out, shapes, versions):
-    meta = (f"{versions}; decode rows: forward without gradient, per-call wall time in us "
-            f"({DECODE_CALLS} calls x {DECODE_SAMPLES} samples, median)")
+    meta = (
+        f"{versions}; decode rows: forward without gradient, per-call wall time in us "
+        f"({DECODE_CALLS} calls x {DECODE_SAMPLES} samples, median)"
+    )
     print(meta, flush=True)
     rows = []
     with torch.no_grad():
         for b, h in shapes:
             for kernel in ("qnorm_rope", "partial_rope"):
                 rows.append(decode_row(kernel, b, h))
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
-                      flush=True)
+                print(
+                    " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
+                    flush=True,
+                )
             torch.cuda.empty_cache()
     write_csv(out / "decode.csv", rows)
     write_decode_markdown(out / "decode.md", rows, meta)
-    print(f"decode: ours / torch.compile per call at most {max(r['ours_vs_compile'] for r in rows):.2f} (target <= 1); "
-          f"ours / copy_ under graph replay at most {max(r['ours_vs_copy_graph'] for r in rows):.2f} (target <= 1.5)")
+    print(
+        f"decode: ours / torch.compile per call at most {max(r['ours_vs_compile'] for r in rows):.2f} (target <= 1); "
+        f"ours / copy_ under graph replay at most {max(r['ours_vs_copy_graph'] for r in rows):.2f} (target <= 1.5)"
+    )
 
 
 def write_csv(path, rows):
@@ -290,8 +309,21 @@ def write_csv(path, rows):
 
 
 def write_decode_markdown(path, rows, meta):
-    head = ["kernel", "B", "H", "ours", "eager", "compile", "copy_", "ours / compile",
-            "graph: ours", "graph: eager", "graph: compile", "graph: copy_", "graph: ours / copy_"]
+    head = [
+        "kernel",
+        "B",
+        "H",
+        "ours",
+        "eager",
+        "compile",
+        "copy_",
+        "ours / compile",
+        "graph: ours",
+        "graph: eager",
+        "graph: compile",
+        "graph: copy_",
+        "graph: ours / copy_",
+    ]
     lines = [f"Measured {meta}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["kernel"], r["B"], r["H"]] + [f"{r[f'{i}_us']:.1f}" for i in ("triton", "eager", "compile", "copy")]
@@ -307,8 +339,17 @@ def write_markdown(path, rows, meta, impls):
     head = ["kernel", "direction", "B", "H", "S", "layout", "ms", "GB/s", "of copy"] + [f"vs {i}" for i in others]
     lines = [f"Measured {meta}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["kernel"], r["direction"], r["B"], r["H"], r["S"], r["layout"], f"{r['triton_ms']:.3f}",
-                 f"{r['GBps']:.0f}", f"{r['copy_fraction']:.1%}"] + [f"{r[f'speedup_vs_{i}']:.2f}x" for i in others]
+        cells = [
+            r["kernel"],
+            r["direction"],
+            r["B"],
+            r["H"],
+            r["S"],
+            r["layout"],
+            f"{r['triton_ms']:.3f}",
+            f"{r['GBps']:.0f}",
+            f"{r['copy_fraction']:.1%}",
+        ] + [f"{r[f'speedup_vs_{i}']:.2f}x" for i in others]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     path.write_text("\n".join(lines) + "\n")
 

@@ -8,7 +8,7 @@ CPU, TRITON_INTERPRET=1 set here; nothing is interpreted, the stub launches noth
 where `launch` also times the real Triton launch (its launcher included, the GPU work excluded
 by timing only the host loop).
 
-    python bench/overhead.py [--calls 500] [--rounds 101]
+    python -m bench.overhead [--calls 500] [--rounds 101]
 
 Shape: the decode row B=1, H=128, S=1, D=512, R=64, bf16, x requiring grad (training-style
 calls; `no grad` rows repeat the main ones without it). Each number is the mean host time of
@@ -19,17 +19,14 @@ disturbed one; the median is printed beside it); the rounds go round-robin over 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # dsrope accepts CPU tensors only in interpreter mode
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from dsrope_gate.startup import interpret_without_gpu  # noqa: E402
+
+interpret_without_gpu()  # dsrope accepts CPU tensors only in interpreter mode
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 from dsrope import qnorm_rope as qnorm_module  # noqa: E402

@@ -31,8 +31,8 @@ from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from dsrope.qnorm_rope import _forward, qnorm_rope, qnorm_rope_backward
 from dsrope.rope import partial_rope, partial_rope_backward
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_qk, freqs_cis_from_position_ids, precompute_freqs_cis
-from tests.common import DEVICE, bits, laid_out, tables, values
-from tests.layouts import TOKEN_MAJOR, Layout, layout_of
+from dsrope_gate.inputs import DEVICE, bits, laid_out, tables, values
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of
 
 SHAPE, ROTARY, EPS = (2, 3, 5, 24), 8, 1e-6  # B, H, S, D: no two equal, so no size is guessed equal to another
 LAYOUTS = {
@@ -407,7 +407,7 @@ def test_decode_shape_compiles_and_replays(kernel):
     inductor-compiled call and a CUDA graph replay of the eager call, each bit-identical to eager."""
     b, h, d, r = 8, 128, 512, 64
     x = torch.randn(b, 1, h, d, device=DEVICE, dtype=torch.bfloat16).transpose(1, 2)
-    cos, sin = tables(b, 1, r, seed=60, expand_batch=False)
+    cos, sin = tables(b, 1, r, seed=60, per_batch=True)
     if kernel == "qnorm_rope":
         fn = lambda x: qnorm_rope_triton(x, cos, sin, r, EPS)
     else:

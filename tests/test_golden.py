@@ -19,9 +19,9 @@ from functools import cache
 
 import pytest
 import torch
+from dsrope_reference.floats import judge
 
-from reference.floats import judge
-from tools import golden
+from dsrope_gate import golden
 
 NAMES = [c.name for c in golden.CASES]
 # Cases the interpreter cannot run right, as strict xfails. Empty: the interpreter's wrong widening of
@@ -54,12 +54,12 @@ def test_golden_files_match_their_hashes(manifest):
 
 
 def test_manifest_lists_the_tools_cases(manifest):
-    """The cases tools/golden.py defines are the cases stored (same seeds, shapes, layouts, kernels)."""
+    """The cases dsrope_gate.cases defines are the cases stored (same seeds, shapes, layouts, kernels)."""
     stored_records = {c["name"]: c for c in manifest["cases"]}
     assert sorted(stored_records) == sorted(NAMES)
     for case in golden.CASES:
         record = golden.case_record(case, golden.make_inputs(case))
-        assert record == stored_records[case.name], f"case {case.name}: tools/golden.py and golden/ disagree"
+        assert record == stored_records[case.name], f"case {case.name}: dsrope_gate.cases and golden/ disagree"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -208,7 +208,7 @@ def test_unlisted_file_fails(tmp_path):
 
 def test_interval_encoding_round_trips():
     """lo/hi stored as steps from ref decode to the same values, -0, NaN and infinities included."""
-    from reference.rope import Model
+    from dsrope_reference.rope import Model
 
     ref = torch.tensor([1.0, -0.0, 0.0, float("nan"), float("inf"), -(2.0**-133), 3.0], dtype=torch.float64)
     lo = torch.tensor(

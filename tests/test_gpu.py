@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import qnorm_rope as qnorm_model
+from dsrope_reference.rope import partial_rope
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-from reference import qnorm_rope as qnorm_model
-from reference.rope import partial_rope
-from tests.common import DEVICE, bits, tables
+from dsrope_gate.inputs import DEVICE, bits, tables
 
 pytestmark = pytest.mark.gpu
 

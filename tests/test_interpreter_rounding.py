@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import dsrope  # noqa: F401  (importing dsrope installs the fix in interpreter mode)
-from tests.common import DEVICE
+from dsrope_gate.inputs import DEVICE
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="interpreter only: the GPU converts natively")
 

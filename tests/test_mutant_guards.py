@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import qnorm_rope as qmodel
+from dsrope_reference.rope import partial_rope
 
 import dsrope.qnorm_rope
 import dsrope.rope
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-from reference import qnorm_rope as qmodel
-from reference.rope import partial_rope
-from tests.common import DEVICE, DTYPES, laid_out, tables, values
-from tests.layouts import TOKEN_MAJOR, Layout, materialize
+from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize
 
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 # At D = 20 a program covers at most 64 rows on either device: a band of 64 rows of twice D covers
@@ -108,7 +108,7 @@ def test_tables_read_through_their_own_strides(kernel):
     shape, rotary = (2, 2, 3, 16), 8
     x = laid_out(shape, torch.bfloat16, TOKEN_MAJOR, seed=7).requires_grad_()
     g = laid_out(shape, torch.bfloat16, TOKEN_MAJOR, seed=8)
-    c0, s0 = tables(2, 3, rotary, seed=9, expand_batch=False)
+    c0, s0 = tables(2, 3, rotary, seed=9, per_batch=True)
     cos = materialize(c0, Layout(order=(2, 0, 1), pad=(3, 1, 2), offset=11))
     sin = materialize(s0, Layout(order=(1, 2, 0), pad=(2, 0, 5), offset=3))
     assert cos.stride() != sin.stride() and cos.stride(-1) != 1 and sin.stride(-1) != 1

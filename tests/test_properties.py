@@ -31,29 +31,30 @@ Hypothesis profiles (conftest.py): ci (default on CPU), dev, nightly, gpu; choos
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import replace
 
 import torch
 
-if __name__ == "__main__" and not torch.cuda.is_available():
+if __name__ == "__main__":
     # a standalone replay does not load conftest.py; the kernels must see this before import
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from dsrope_gate.startup import interpret_without_gpu
 
+    interpret_without_gpu()
+
+from dsrope_reference import qnorm_rope as qmodel  # noqa: E402
+from dsrope_reference import rope_utils as v3_model  # noqa: E402
+from dsrope_reference.floats import U32, fmt  # noqa: E402
+from dsrope_reference.rope import partial_rope, tables  # noqa: E402
 from hypothesis import event, example, given, note, target  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_half_split  # noqa: E402
-from reference import qnorm_rope as qmodel  # noqa: E402
-from reference import rope_utils as v3_model  # noqa: E402
-from reference.floats import U32, fmt  # noqa: E402
-from reference.rope import partial_rope, tables  # noqa: E402
-from tests.common import DEVICE, bits  # noqa: E402
-from tests.layouts import Layout, layout_of  # noqa: E402
-from tests.strategies import Case, Tables, V3Case, Values, cases, v3_cases  # noqa: E402
+from dsrope_gate.inputs import DEVICE, bits  # noqa: E402
+from dsrope_gate.layouts import Layout, layout_of  # noqa: E402
+from dsrope_gate.strategies import Case, Tables, V3Case, Values, cases, v3_cases  # noqa: E402
 
 TINY32 = 2.0**-126  # smallest normal FP32
 # On a GPU, an FP32 reduction associates in the order the compiled code chose for its access
@@ -429,7 +430,7 @@ def test_qnorm_power_of_two_scaling(case, k):
     g' - xhat * mean are the same bits and dx2 = rnd(2**-k r * q) = 2**-k dx wherever no step
     leaves the normal range: checked on elements whose model interval, for both rows, lies
     within [2 N, MAX / 2] (N, MAX: smallest normal and largest value of x.dtype) with one sign."""
-    from tests.layouts import materialize
+    from dsrope_gate.layouts import materialize
 
     x, cos, sin, grad = build(case, "test_qnorm_power_of_two_scaling", k=k)
     x64 = x.detach().to("cpu", torch.float64)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import qnorm_rope as model
 
 from dsrope import qnorm_rope_triton
-from reference import qnorm_rope as model
-from tests.common import DEVICE, DTYPES, laid_out, tables, values
-from tests.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
+from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
 
 LAYOUTS = {
     "token_major": TOKEN_MAJOR,

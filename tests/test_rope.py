@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference.rope import partial_rope
 
 from dsrope import apply_partial_rope_triton
 from dsrope.rope import _launch
-from reference.rope import partial_rope
-from tests.common import DEVICE, DTYPES, laid_out, tables, values
-from tests.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
+from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
 
 LAYOUTS = {
     "token_major": TOKEN_MAJOR,
@@ -84,14 +84,14 @@ def test_geometry(dtype, dim, rotary):
 def test_batch_table_not_broadcast():
     """A table that differs per batch (no stride 0) is read with its batch stride."""
     x = laid_out((3, 2, 4, 16), torch.float32, TOKEN_MAJOR, seed=8)
-    cos, sin = tables(3, 4, 8, seed=9, expand_batch=False)
+    cos, sin = tables(3, 4, 8, seed=9, per_batch=True)
     assert_within(partial_rope(x, cos, sin, 8).judge(forward(x, cos, sin, 8)), "per-batch table")
 
 
 def test_strided_tables():
     """cos/sin with padded, non-contiguous strides and an offset."""
     x = laid_out((2, 2, 5, 16), torch.bfloat16, TOKEN_MAJOR, seed=10)
-    c0, s0 = tables(2, 5, 8, seed=11, expand_batch=False)
+    c0, s0 = tables(2, 5, 8, seed=11, per_batch=True)
     lay = Layout(order=(2, 0, 1), pad=(3, 1, 2), offset=11)
     cos, sin = materialize(c0, lay), materialize(s0, lay)
     assert_within(partial_rope(x, cos, sin, 8).judge(forward(x, cos, sin, 8)), layout_of(cos))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import rope_utils as ref
+from dsrope_reference.rope import Model
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -34,10 +36,8 @@ from dsrope.rope_utils import (
     precompute_freqs_cis,
     yarn_get_mscale,
 )
-from reference import rope_utils as ref
-from reference.rope import Model
-from tests.common import DEVICE, DTYPES, ON_GPU, gen, values
-from tests.layouts import Layout, layout_of, materialize
+from dsrope_gate.inputs import DEVICE, DTYPES, ON_GPU, gen, values
+from dsrope_gate.layouts import Layout, layout_of, materialize
 
 V3_SCALING = dict(
     type="yarn",

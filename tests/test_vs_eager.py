@@ -23,7 +23,7 @@ rejects the alternative functions (dropped, moved or doubled boundaries); this f
 independent chain and the bits.
 
 Mutants (tools/mutants.py) each test fails under, shown with
-`python tools/mutants.py --only NAME --tests test_vs_eager` (docs/mutants.md):
+`python -m tools.mutants --only NAME --tests test_vs_eager` (docs/mutants.md):
   test_qnorm_rope_matches_eager_chain     qnorm.boundary1_dropped (forward), qnorm.boundary2_dropped (backward)
   test_partial_rope_matches_eager_rotation  rope.forward_sine_sign (forward), rope.backward_sine_sign (backward)
   test_dsv4_shapes_match_eager_on_gpu     GPU only: the same mutants with `tools/mutants.py --gpu --all`
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import qnorm_rope as qnorm_model
+from dsrope_reference.rope import Model, partial_rope
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-from reference import qnorm_rope as qnorm_model
-from reference.rope import Model, partial_rope
-from tests.common import DTYPES, ON_GPU, bits, laid_out, tables
-from tests.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
-from tests.layouts import TOKEN_MAJOR, Layout
+from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
+from dsrope_gate.inputs import DTYPES, ON_GPU, bits, laid_out, tables
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout
 
 PADDED = Layout(order=(0, 2, 1, 3), pad=(1, 2, 1, 3))
 CASES = {

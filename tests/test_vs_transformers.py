@@ -33,7 +33,7 @@ SPEC.md says), and transformers computes in its input's dtype with cos/sin cast 
 bf16/fp16 is another function (test_transformers_in_its_input_dtype_is_another_function).
 
 Mutants (tools/mutants.py) each test fails under, shown with
-`python tools/mutants.py --only NAME --tests test_vs_transformers` (docs/mutants.md):
+`python -m tools.mutants --only NAME --tests test_vs_transformers` (docs/mutants.md):
   test_interleaved_matches_transformers_interleave  utils.kernel_conjugate_table (kernel),
                                                     utils.eager_interleaved_pairs_halves (eager)
   test_qk_fused_matches_transformers                rope.forward_sine_sign
@@ -49,9 +49,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.differential import TRANSFORMERS_MISSING, cos_sin_cat, de_interleaved, pairs_in_place, transformers_fp32
+from dsrope_gate.differential import (
+    TRANSFORMERS_MISSING,
+    cos_sin_cat,
+    de_interleaved,
+    pairs_in_place,
+    transformers_fp32,
+)
 
 hf = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3", reason=TRANSFORMERS_MISSING)
+
+from dsrope_reference import rope_utils as ref  # noqa: E402
+from dsrope_reference.rope import Model  # noqa: E402
 
 from dsrope.rope_utils import (  # noqa: E402
     apply_rotary_emb,
@@ -60,9 +69,7 @@ from dsrope.rope_utils import (  # noqa: E402
     freqs_cis_from_position_ids,
     precompute_freqs_cis,
 )
-from reference import rope_utils as ref  # noqa: E402
-from reference.rope import Model  # noqa: E402
-from tests.common import DEVICE, DTYPES, ON_GPU, bits, gen, values  # noqa: E402
+from dsrope_gate.inputs import DEVICE, DTYPES, ON_GPU, bits, gen, values  # noqa: E402
 from tests.test_rope_utils import V3_MAX_SEQ, V3_SCALING  # noqa: E402  (the config those tests use)
 
 # DeepSeek-V3's rope: qk_rope_head_dim 64, theta 10000, YaRN factor 40 over 4096 positions; and a

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference import rope_utils as ref
+from dsrope_reference.floats import ordered
 
 from dsrope.rope_utils import freqs_cis_from_position_ids, precompute_freqs_cis, yarn_get_mscale
-from reference import rope_utils as ref
-from tests.common import gen
+from dsrope_gate.inputs import gen
 from tests.test_rope_utils import V3_MAX_SEQ, V3_SCALING
-from tools.golden import ordered
 
 transformers = pytest.importorskip(
     "transformers",

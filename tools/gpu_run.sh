@@ -3,6 +3,8 @@
 # the benchmark; one log, $OUT/run.log, and phases.txt (at most 8 files come back from $OUT). Usage on the device: bash tools/gpu_run.sh [phase ...]
 set -u
 export PYTHONUNBUFFERED=1
+# the checkout's packages (dsrope, dsrope_gate, dsrope_reference), without an install
+export PYTHONPATH=$PWD/src:$PWD/reference${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -20,17 +22,17 @@ for phase in "$@"; do
     tests-core) timeout 330 python3 -m nox -s gpu-tests -- -q -rfE --durations=10 tests/test_rope.py tests/test_qnorm_rope.py tests/test_gpu.py tests/test_gpu_pinning.py ;;
     tests) timeout 560 python3 -m nox -s gpu-tests -- -q -rfE --durations=15 ;;
     tests-n2) timeout 560 python3 -m nox -s gpu-tests -- -n 2 -q -rfE ;;
-    sweep) timeout 170 python3 tools/sweep.py --out "$OUT/sweep" --baseline sweep_baseline ;;
+    sweep) timeout 170 python3 -m tools.sweep --out "$OUT/sweep" --baseline sweep_baseline ;;
     # Nsight Compute on one launch each: the QNorm backward (token- and head-major input), the
     # forward on a head-major input, and the earlier backward kernel (sweep_baseline/) if present
     ncu)
       sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
       for spec in "qnorm_bwd token_major 2 2" "qnorm_bwd head_major 2 2" "qnorm_fwd head_major 4 1" "rope head_major 2 1"; do
-        echo "== ncu $spec"; timeout 120 ncu --clock-control none $sections -k regex:"qnorm_rope|_rotate" --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one $spec
+        echo "== ncu $spec"; timeout 120 ncu --clock-control none $sections -k regex:"qnorm_rope|_rotate" --launch-skip 1 --launch-count 1 python3 -m tools.sweep --one $spec
       done
       if [ -d sweep_baseline ]; then
         echo "== ncu baseline qnorm_bwd token_major 8 1"
-        timeout 120 ncu --clock-control none $sections -k regex:qnorm_rope --launch-skip 1 --launch-count 1 python3 tools/sweep.py --one qnorm_bwd token_major 8 1 --baseline sweep_baseline
+        timeout 120 ncu --clock-control none $sections -k regex:qnorm_rope --launch-skip 1 --launch-count 1 python3 -m tools.sweep --one qnorm_bwd token_major 8 1 --baseline sweep_baseline
       fi ;;
     mutants-gpu) timeout 500 python3 -m nox -s gpu-mutants; cp -r out/mutants "$OUT/" 2>/dev/null ;;
     snapshot) timeout 300 python3 -m tools.golden --update-snapshot && cp golden/snapshots/nvidia-h200-* "$OUT/" ;;
@@ -42,19 +44,19 @@ for phase in "$@"; do
     # issue 17: the custom-op tests alone, the decode rows alone, host time per layer of a call
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
-    overhead) timeout 120 python3 bench/overhead.py ;;
+    overhead) timeout 120 python3 -m bench.overhead ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
     # it; `git diff golden/snapshots` then shows what changed); then the suite alone, so its wall
-    # time is the gate's time-to-verdict (with the per-test profile of tools/gate_profile.py); then
+    # time is the gate's time-to-verdict (with the per-test profile of dsrope_gate.profile); then
     # memcheck, verify and the GPU-only mutants in parallel (none of them times anything).
     gate)
       timeout 150 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
       rm -rf out/gate-profile
       t0=$(date +%s)
-      timeout 400 python3 -m nox -s gpu-tests -- -p tools.gate_profile -q -rfEs --durations=15 > "$OUT/t.log" 2>&1
+      timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_gate.profile -q -rfEs --durations=15 > "$OUT/t.log" 2>&1
       echo "gpu-tests rc $? wall $(( $(date +%s) - t0 )) s" >> "$OUT/t.log"
-      python3 -m tools.gate_profile out/gate-profile > "$OUT/gate-profile.md" 2>&1
+      python3 -m dsrope_gate.profile out/gate-profile > "$OUT/gate-profile.md" 2>&1
       (timeout 240 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
       (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
@@ -73,7 +75,7 @@ for phase in "$@"; do
     # (tools/profile_backward.py): the bytes each really moves and its DRAM throughput
     ncu-bwd)
       metrics=dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
-      timeout 150 ncu --clock-control none --profile-from-start off --metrics $metrics python3 tools/profile_backward.py ;;
+      timeout 150 ncu --clock-control none --profile-from-start off --metrics $metrics python3 -m tools.profile_backward ;;
     *) echo "unknown phase $phase" ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"

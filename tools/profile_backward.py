@@ -4,7 +4,7 @@ Both run on the same bf16 input (bench.py's, D=512, R=64; default 1 x 128 x 1638
 after warm-up; only the timed backward of each sits between cudaProfilerStart and cudaProfilerStop, so
 
     ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum,... \
-        python tools/profile_backward.py [B H S [token_major|head_major]]
+        python -m tools.profile_backward [B H S [token_major|head_major]]
 
 profiles exactly those kernels: the bytes each backward really moves and its DRAM throughput.
 This is what limits the head-major backward against torch.compile (docs/perf.md).
@@ -13,12 +13,10 @@ This is what limits the head-major backward against torch.compile (docs/perf.md)
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import bench  # noqa: E402  (the same eager chain, torch.compile settings and inputs as the benchmark)
+from bench import bench  # noqa: E402  (the same eager chain, torch.compile settings and inputs as the benchmark)
 
 
 def main():

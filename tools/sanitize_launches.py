@@ -8,17 +8,11 @@ is its own allocation and a read or write one element past a buffer is an error 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
 import torch  # noqa: E402
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
-from tests.common import tables  # noqa: E402
-from tests.layouts import TOKEN_MAJOR, Layout, materialize  # noqa: E402
+from dsrope_gate.inputs import tables  # noqa: E402
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize  # noqa: E402
 
 CASES = [
     # (B, H, S, D, R, layout of x, layout of the gradient)

@@ -7,8 +7,8 @@ Every config is compiled first in parallel worker processes (they fill Triton's 
 timing process only loads kernels. The winners go into the launchers' tile_config(dim, elements,
 warps) calls.
 
-    python tools/sweep.py --out out/sweep [--baseline DIR]
-    python tools/sweep.py --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
+    python -m tools.sweep --out out/sweep [--baseline DIR]
+    python -m tools.sweep --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
 version with the same kernel signatures, at its own config) in the same run, for an A/B comparison.
@@ -21,10 +21,7 @@ import csv
 import importlib.util
 import itertools
 import multiprocessing
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -139,8 +136,7 @@ def main():
     old = load_baseline(args.baseline) if args.baseline else None
     # the benchmark's copy bandwidth, so that "of copy" means the same in the sweep and in bench.py
     # (imported here, not at the top: the spawned compile workers need none of bench.py)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from bench import copy_bandwidth
+    from bench.bench import copy_bandwidth
 
     copy = copy_bandwidth()
     print(f"copy {copy / 1e9:.0f} GB/s", flush=True)

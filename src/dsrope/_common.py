@@ -140,8 +140,9 @@ def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def pair_table(table, row_offset, stride, row_ok, FIRST: tl.constexpr, PAIRS: tl.constexpr,
-               M: tl.constexpr, BLOCK: tl.constexpr):
+def pair_table(
+    table, row_offset, stride, row_ok, FIRST: tl.constexpr, PAIRS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr
+):
     """table[row_offset + k * stride] for the pair k = i - FIRST of lanes (2i, 2i+1), as [M, BLOCK].
 
     One contiguous load per pair, then the entry given to both of its lanes; 0 outside 0 <= k < PAIRS.

@@ -57,13 +57,15 @@ def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, B
     return b, h, s, c, row_ok, valid, rot, second, (D - R + shift) // 2
 
 
+# The kernels' arguments are grouped as the seed groups them (pointers, sizes, the strides of each
+# tensor, constexprs); `fmt: skip` keeps ruff format from putting each on its own line.
 @triton.jit
 def _qnorm_rope(
     x, cos, sin, out, rstd, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
     EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     """Normalize and rotate M rows per program into token-major `out` [B, S, H, D]."""
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -98,7 +100,7 @@ def _qnorm_rope_backward(
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, GB, GH, GS, GD, CB, CS, CD, SB, SS, SD,
     M: tl.constexpr, BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     """De-rotate the upstream gradient, round it, then apply the RMSNorm input gradient."""
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
     b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
@@ -136,7 +138,7 @@ def _forward(x, cos, sin, rotary, eps):
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
-    )
+    )  # fmt: skip
     return out, rstd
 
 
@@ -150,7 +152,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
         *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
-    )
+    )  # fmt: skip
     return out
 
 

@@ -23,13 +23,15 @@ from dsrope._common import (
 )
 
 
+# Arguments grouped as the seed groups them (pointers, sizes, each tensor's strides, constexprs);
+# `fmt: skip` keeps ruff format from putting each on its own line.
 @triton.jit
 def _rotate(
     x, cos, sin, out, rows, SEQUENCE,
     HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
     INVERSE: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
-):
+):  # fmt: skip
     """Rotate M rows of x [B, H, S, D] into token-major storage `out` [B, S, H, D].
 
     Each row is one contiguous tile of channels; a rotary lane also loads its pair partner
@@ -80,7 +82,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     _rotate[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
-    )
+    )  # fmt: skip
     return out
 
 

@@ -1,4 +1,4 @@
-"""Floating-point formats, correct rounding from FP64, ULP distance and the interval check.
+"""Floating-point formats, correct rounding from FP64, the ULP distance and the interval check.
 
 `torch` rounds fp64 -> bf16/fp16 through fp32 (two roundings), so rounding here is done by hand:
 for a format with p significand bits and minimum normal exponent emin, the spacing of the
@@ -109,23 +109,49 @@ def exact_sum(t: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     return out.unsqueeze(-1) if keepdim else out
 
 
-def _ordered(t: torch.Tensor) -> torch.Tensor:
-    """Map floats to integers whose order and differences count representable values (ULPs)."""
-    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}[t.dtype]
-    i = t.contiguous().view(bits).to(torch.int64)
-    width = 16 if bits == torch.int16 else 32
-    # negative floats: reflect so that -0 and +0 meet and order is monotone
-    return torch.where(i < 0, -(i + (1 << (width - 1))), i)
+INT_OF = {
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+NAN_VS_NUMBER = 1 << 62  # the ulp distance of a NaN from a number: beyond any distance of two numbers
+
+
+def ordered(t: torch.Tensor) -> torch.Tensor:
+    """Integers (int64) whose order and differences count the bit patterns of t's dtype between two values.
+
+    One-to-one: -0 sits one step below +0, and NaNs map beyond +-inf by their bits, so equal integers mean
+    equal bits (the golden store encodes intervals as steps in this order and inverts it with from_ordered).
+    """
+    bits = t.contiguous().view(INT_OF[t.dtype]).to(torch.int64)
+    magnitude = bits & ((1 << (t.element_size() * 8 - 1)) - 1)
+    return torch.where(bits < 0, -magnitude - 1, bits)
+
+
+def from_ordered(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    sign = -(1 << (torch.finfo(dtype).bits - 1))
+    bits = torch.where(o < 0, (-o - 1) | sign, o)
+    return bits.to(INT_OF[dtype]).view(dtype)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Number of representable values between a and b (same dtype); NaN pairs count 0 if both NaN."""
+    """The project's one ULP distance: the number of representable values of the (common) dtype between a
+    and b. -0 and +0 are one value (0 apart; a span across zero counts zero once); NaN vs NaN 0 (any
+    payload), NaN vs number NAN_VS_NUMBER."""
     assert a.dtype == b.dtype, (a.dtype, b.dtype)
-    d = (_ordered(a) - _ordered(b)).abs()
+    oa, ob = ordered(a), ordered(b)
+    oa, ob = torch.where(oa < 0, oa + 1, oa), torch.where(ob < 0, ob + 1, ob)  # -0 onto +0
+    d = (oa - ob).abs()
     both_nan = torch.isnan(a) & torch.isnan(b)
     one_nan = torch.isnan(a) ^ torch.isnan(b)
     d = torch.where(both_nan, torch.zeros_like(d), d)
-    return torch.where(one_nan, torch.full_like(d, 1 << 40), d)
+    return torch.where(one_nan, torch.full_like(d, NAN_VS_NUMBER), d)
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, zeros' signs included, NaN meeting NaN (any payload)."""
+    return a.shape == b.shape and bool(((a == b) & (a.signbit() == b.signbit()) | (a.isnan() & b.isnan())).all())
 
 
 @dataclass

@@ -39,8 +39,16 @@ from dataclasses import dataclass
 import mpmath
 import torch
 
-from reference.floats import U32, exact_sum, fmt, judge, round_nearest
-from reference.rope import Model, interleave, partial_rope, rotation_interval, round_nearest_exact, tables, two_sum
+from dsrope_reference.floats import U32, exact_sum, fmt, judge, round_nearest
+from dsrope_reference.rope import (
+    Model,
+    interleave,
+    partial_rope,
+    rotation_interval,
+    round_nearest_exact,
+    tables,
+    two_sum,
+)
 
 RSQRT_REL = 2.0**-22
 TINY = 2.0**-126

@@ -48,9 +48,9 @@ import mpmath
 import torch
 from mpmath import libmp
 
-from reference.floats import round_down, round_nearest, round_up
-from reference.qnorm_rope import gamma
-from reference.rope import Model, interleave, rotate_pairs
+from dsrope_reference.floats import round_down, round_nearest, round_up
+from dsrope_reference.qnorm_rope import gamma
+from dsrope_reference.rope import Model, interleave, rotate_pairs
 
 PREC = 128
 TABLE_REL = 2.0**-24 + 2.0**-40

@@ -5,7 +5,7 @@ A drawn example is a `Case`: plain data whose repr is a Python expression. Value
 seeded torch generator, so `Case(...).build()` rebuilds the exact tensors anywhere, and a
 failing property prints its case as a one-line command (see tests/test_properties.py).
 
-Layouts (tests/layouts.py): any storage order of the logical dims, padding in any storage dim,
+Layouts (dsrope_gate.layouts): any storage order of the logical dims, padding in any storage dim,
 a step on any logical dim, a storage offset, and NaN guard elements after the storage. Every
 element a view skips holds NaN, so a read through a wrong stride, a wrong offset or past a
 missing mask turns into NaN in the output. Stride-0 (broadcast) dims are drawn only where the
@@ -22,7 +22,8 @@ import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from tests.layouts import TOKEN_MAJOR, Layout, materialize
+from dsrope_gate.inputs import angles
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize
 
 DTYPES = ("bfloat16", "float16", "float32")
 PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits, hidden bit included
@@ -107,9 +108,7 @@ class Tables:
         half = rotary // 2
         shape = (batch, seq, half)
         if self.kind == "angles":
-            inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / rotary)
-            pos = torch.randint(0, 1 << 16, (batch, seq, 1), generator=g).double()
-            c, s = torch.cos(pos * inv), torch.sin(pos * inv)
+            c, s = angles(torch.randint(0, 1 << 16, (batch, seq, 1), generator=g), rotary)
         elif self.kind == "identity":
             c, s = torch.ones(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
         elif self.kind == "quarter":

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.floats import U32, judge, round_down, round_nearest, round_up
+from dsrope_reference.floats import U32, judge, round_down, round_nearest, round_up
 
 TINY = 2.0**-126
 GAMMA_2 = 2 * U32 / (1 - 2 * U32)  # two FP32 roundings, second-order term included

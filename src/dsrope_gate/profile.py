@@ -1,11 +1,11 @@
 """Where the gate's time goes: a pytest plugin that splits each test's wall time.
 
-    python -m pytest -p tools.gate_profile ...          # writes out/gate-profile/<worker>.csv
-    python -m tools.gate_profile out/gate-profile       # the summary of those files
+    python -m pytest -p dsrope_gate.profile ...          # writes out/gate-profile/<worker>.csv
+    python -m dsrope_gate.profile out/gate-profile     # the summary of those files
 
 Per test (setup + call + teardown) it records the wall time, the number of Triton kernel compiles
 and the seconds spent in them (Triton's `compile`, a disk-cache hit included), and the seconds spent
-inside the reference (any function of the `reference` package, outermost call only). The rest is
+inside the reference (any function of the `dsrope_reference` package, outermost call only). The rest is
 the test's own work: hypothesis drawing examples, building inputs, kernel launches and syncs.
 """
 
@@ -79,22 +79,32 @@ def _install() -> None:
         # JITFunction imports `compile` from triton.compiler when it first compiles
         triton.compiler.compile = wrapped
         triton.compiler.compiler.compile = wrapped
-    import reference.floats
-    import reference.qnorm_rope
-    import reference.rope
-    import reference.rope_utils
+    import dsrope_reference.floats
+    import dsrope_reference.qnorm_rope
+    import dsrope_reference.rope
+    import dsrope_reference.rope_utils
 
-    for module in (reference.floats, reference.rope, reference.qnorm_rope, reference.rope_utils):
+    for module in (
+        dsrope_reference.floats,
+        dsrope_reference.rope,
+        dsrope_reference.qnorm_rope,
+        dsrope_reference.rope_utils,
+    ):
         for name, fn in list(vars(module).items()):
             if inspect.isfunction(fn) and fn.__module__ == module.__name__:
                 setattr(module, name, _timed_reference(fn))
         # functions other reference modules imported by name before the wrapping
-        for other in (reference.floats, reference.rope, reference.qnorm_rope, reference.rope_utils):
+        for other in (
+            dsrope_reference.floats,
+            dsrope_reference.rope,
+            dsrope_reference.qnorm_rope,
+            dsrope_reference.rope_utils,
+        ):
             for name, fn in list(vars(other).items()):
                 if inspect.isfunction(fn) and fn.__module__ == module.__name__ and other is not module:
                     setattr(other, name, getattr(module, name))
     # the model classes' methods (Model.judge, ...) are reference time too
-    for module in (reference.rope, reference.qnorm_rope):
+    for module in (dsrope_reference.rope, dsrope_reference.qnorm_rope):
         for cls in vars(module).values():
             if inspect.isclass(cls) and cls.__module__ == module.__name__:
                 for name, fn in list(vars(cls).items()):

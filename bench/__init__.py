@@ -1,0 +1,1 @@
+"""The benchmarks: `python -m bench.bench` (nox -s bench) and `python -m bench.overhead`."""

@@ -1,0 +1,529 @@
+"""The mutation gate's runner (the catalog: dsrope_gate.mutation.catalog_*).
+
+For each mutant the runner copies the tree (git's tracked and untracked-not-ignored files) into a
+scratch directory, applies the edit there and runs the suite on that copy, with the copy's src/
+and root first on the path and every path into the real checkout (an editable install's .pth, for
+one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
+mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
+stages: tests/test_mutant_guards.py and the mutated file's own test module, then, only if those
+pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
+the whole suite passed. Broken (a collection or import error) and crashed (pytest died of a
+signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
+forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
+instead); on CUDA every run starts fresh.
+
+    python -m tools.mutants              # CPU: every CPU mutant against the whole CPU suite
+    python -m tools.mutants --gpu        # CUDA: the GPU-only mutants against the gpu-marked tests
+    python -m tools.mutants --gpu --all  # CUDA: every mutant against the whole suite
+    python -m tools.mutants --list | --check | --only NAME,NAME [--tests MODULE,MODULE]
+
+Kinds of entry: a CPU mutant must be killed by the CPU suite; a GPU-only mutant (marked gpu) is a
+fault only a GPU can reveal (32-bit offsets past 2**31 elements) and must be killed by the
+gpu-marked tests; an equivalent mutant carries the argument why it does not change the function,
+is listed, and is neither run nor counted (`--equivalent` runs them, to show they survive).
+
+Exit status: 0 when every counted mutant is killed; 1 when one survived, broke or crashed,
+when the unmutated copy fails, or when an edit is stale. The table and a JSON record go to
+out/mutants/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsrope_gate.mutation import (
+    COMMON,
+    QNORM,
+    ROPE,
+    UTILS,
+    Mutant,
+    catalog_common,
+    catalog_qnorm_rope,
+    catalog_rope,
+    catalog_rope_utils,
+)
+
+ROOT = Path.cwd()  # the checkout to mutate: the runner runs from its root (nox, tools/mutants.py)
+CATALOG = catalog_rope.MUTANTS + catalog_qnorm_rope.MUTANTS + catalog_common.MUTANTS + catalog_rope_utils.MUTANTS
+
+# Test files that exercise each source file: run first, so a mutant dies early.
+HOME = {
+    ROPE: ("test_rope.py", "test_custom_ops.py"),
+    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
+    UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
+    COMMON: ("test_qnorm_rope.py",),  # swap_pairs, pair_table: QNorm backward only; token_major_empty: all
+}
+FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
+LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
+
+
+def catalog() -> list[Mutant]:
+    names = [m.name for m in CATALOG]
+    assert len(set(names)) == len(names), "duplicate mutant names"
+    return CATALOG
+
+
+# ---- applying ---------------------------------------------------------------------------------
+
+
+class Stale(Exception):
+    pass
+
+
+def mutated_text(m: Mutant, text: str) -> str:
+    for old, new in m.edits:
+        n = text.count(old)
+        if n != 1:
+            raise Stale(f"{m.name}: {old!r} occurs {n} times in {m.file} (expected exactly once)")
+        text = text.replace(old, new)
+    return text
+
+
+def tree_files() -> list[str]:
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    files = [f for f in out.split("\0") if f and not f.startswith(".nox/")]
+    return sorted({f for f in files if (ROOT / f).is_file()})
+
+
+def copy_tree(dest: Path, files: list[str]) -> None:
+    for f in files:
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, target)
+
+
+def test_files(scratch: Path, first: tuple[str, ...]) -> list[str]:
+    """Every test module the gate collects (tests/test_*.py, tests/*_test.py), the given prefixes first."""
+    names = sorted(
+        {p.name for p in (scratch / "tests").glob("test_*.py")}
+        | {p.name for p in (scratch / "tests").glob("*_test.py")}
+    )
+    rank = lambda n: next(
+        (i for i, p in enumerate(first) if n.startswith(p)), len(first) + 1 if n.startswith(LAST) else len(first)
+    )
+    return [f"tests/{n}" for n in sorted(names, key=lambda n: (rank(n), n))]
+
+
+def scratch_env(scratch: Path, gpu: bool) -> dict:
+    env = dict(os.environ)
+    # The scratch packages first; drop any path into the real checkout so it cannot shadow the copy.
+    keep = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if outside_checkout(p)]
+    env["PYTHONPATH"] = os.pathsep.join([*scratch_paths(scratch), *keep])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if gpu:
+        env["TRITON_INTERPRET"] = "0"
+        env.setdefault("HYPOTHESIS_PROFILE", "gpu")
+    else:
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    mutant: Mutant | None
+    status: str  # killed | survived | broken | crashed | stale | timeout
+    seconds: float = 0.0
+    killer: str = ""
+    reason: str = ""
+    ran: int = 0
+    log: str = ""
+
+
+def parse_junit(path: Path):
+    """(tests ran, failures as [(nodeid, first message line, is_collection_error)])."""
+    if not path.exists():
+        return 0, []
+    ran, failed = 0, []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        if case.find("skipped") is None:
+            ran += 1
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            cls, name = case.get("classname", ""), case.get("name", "")
+            node = f"{cls.replace('.', '/')}.py::{name}" if cls else name
+            message = (bad.get("message") or bad.text or "").strip().splitlines()
+            collection = not cls or "collection failure" in (bad.get("message") or "")
+            failed.append((node, message[0][:160] if message else "", collection))
+    return ran, failed
+
+
+# Fork mode (CPU): the parent imports these third-party modules once; each pytest run is a forked
+# child that imports dsrope, reference and tests fresh from its scratch copy. Starting torch and
+# triton is most of the cost of a short run, so this halves the gate's time on two cores.
+PRELOAD = ("torch", "triton", "triton.language", "numpy", "ml_dtypes", "mpmath", "hypothesis", "pytest", "safetensors")
+OWN = ("dsrope", "dsrope_gate", "dsrope_reference", "tests", "conftest", "tools", "golden")
+
+
+def scratch_paths(scratch: Path) -> list[str]:
+    """The copy's packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference) and its root (tests)."""
+    return [str(scratch / "src"), str(scratch / "reference"), str(scratch)]
+
+
+def warm_up() -> None:
+    os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    for name in PRELOAD:
+        importlib.import_module(name)
+    # the runner itself is dsrope_gate.mutation: the children forget it and import the copy's (in_child)
+    leaked = sorted(n for n in sys.modules if n.split(".")[0] in OWN and n.split(".")[0] != "dsrope_gate")
+    assert not leaked, f"project modules imported before the fork would shadow the scratch copy: {leaked}"
+
+
+def outside_checkout(p: str) -> bool:
+    return bool(p) and not Path(p).resolve().is_relative_to(ROOT)
+
+
+def in_child(scratch: Path, gpu: bool, log_path: Path, run) -> None:
+    """Forked child: the scratch copy's env, cwd and sys.path, output to the log; never returns."""
+    code = 70
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.chdir(scratch)
+        os.environ.clear()
+        os.environ.update(scratch_env(scratch, gpu))
+        sys.path[:] = scratch_paths(scratch) + [p for p in sys.path if outside_checkout(p)]
+        for name in [n for n in sys.modules if n.split(".")[0] in OWN]:
+            del sys.modules[name]  # the runner's own dsrope_gate: the copy's is imported fresh
+        code = int(run())
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def fork_and_wait(scratch: Path, gpu: bool, log_path: Path, run, timeout: float) -> int | None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        in_child(scratch, gpu, log_path, run)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.05)
+
+
+def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Path, workers, fork: bool) -> int | None:
+    """One pytest run in the scratch copy; None when it hangs past the timeout."""
+    argv = ["-x", "-q", "-p", "no:cacheprovider", "-n", str(workers), f"--junitxml={junit}"]
+    if args.gpu and not args.all:
+        argv += ["-m", "gpu"]
+    for node in args.deselect:
+        argv += ["--deselect", node]
+    argv += files
+    with open(log_path, "a") as log:
+        log.write(("forked: pytest " if fork else "pytest ") + " ".join(argv) + "\n")
+    if fork:
+        import pytest
+
+        return fork_and_wait(scratch, args.gpu, log_path, lambda: pytest.main(argv), args.timeout)
+    with open(log_path, "a") as log:
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "pytest", *argv],
+                cwd=scratch,
+                env=scratch_env(scratch, args.gpu),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=args.timeout,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, workers=None, fork=None) -> Result:
+    """The whole suite on the scratch copy, in two stages: the guards and the mutated file's own
+    tests first, then every other test module, run only if the first stage passed. Survived: every
+    test passed. Killed: a test failed. Not kills: `broken` (a collection or import error) and
+    `crashed` (pytest died of a signal): the mutant must fail a test."""
+    workers = args.workers if workers is None else workers
+    fork = args.fork if fork is None else fork
+    files = test_files(scratch, FIRST + home)
+    if args.tests:  # a partial run: only these modules (substrings of names) and node ids (with ::)
+        wanted = args.tests.split(",")
+        nodes = [t for t in wanted if "::" in t]
+        files = [f for f in files if any(t in Path(f).name for t in wanted if "::" not in t)] + nodes
+    first = sum(any(Path(f).name.startswith(p) for p in FIRST + home) for f in files)
+    stages = [files[:first], files[first:]] if 0 < first < len(files) else [files]
+    result = Result(None, "survived", log=str(log_path))
+    log_path.write_text("")
+    for i, stage in enumerate(stages):
+        junit = scratch / f"junit-{i}.xml"
+        start = time.monotonic()
+        rc = run_pytest(scratch, args, stage, log_path, junit, workers, fork)
+        result.seconds += time.monotonic() - start
+        ran, failed = parse_junit(junit)
+        result.ran += ran
+        if rc is None:
+            result.status, result.reason = "timeout", f"no result within {args.timeout}s (the gate would hang)"
+        elif rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
+            continue
+        elif rc < 0:
+            # e.g. heap corruption from a write past a buffer: whether it crashes is luck, so a
+            # crash is no kill; the suite needs a test that fails on the fault every time
+            result.status, result.reason = "crashed", f"pytest died of signal {-rc}"
+            result.killer = failed[0][0] if failed else ""
+        elif failed and not any(collection for _, _, collection in failed):
+            result.status, (result.killer, result.reason, _) = "killed", failed[0]
+        else:
+            result.status = "broken"
+            result.reason = f"pytest exit {rc}: " + (failed[0][1] if failed else "no test failure recorded")
+            result.killer = failed[0][0] if failed else ""
+        return result
+    if result.ran == 0:
+        result.status, result.reason = "broken", "no test ran"
+    return result
+
+
+def canary_check(scratch: Path, args) -> str:
+    """Prove that the scratch copy's dsrope is what runs, the same way the mutants run: plant a
+    marker in the copy and import it."""
+    marker = uuid.uuid4().hex
+    init = scratch / "src" / "dsrope" / "__init__.py"
+    original = init.read_text()
+    init.write_text(original + f"\n_MUTANTS_CANARY = {marker!r}\n")
+    probe = "import dsrope; print(dsrope.__file__); print(getattr(dsrope, '_MUTANTS_CANARY', None))"
+    log = scratch / "canary.log"
+    try:
+        if args.fork:
+            fork_and_wait(scratch, args.gpu, log, lambda: exec(probe) or 0, 300)
+        else:
+            with open(log, "w") as out:
+                subprocess.run(
+                    [sys.executable, "-c", probe],
+                    cwd=scratch,
+                    env=scratch_env(scratch, args.gpu),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=300,
+                )
+    finally:
+        init.write_text(original)
+    lines = log.read_text().split()
+    if len(lines) < 2 or lines[-1] != marker or not Path(lines[-2]).is_relative_to(scratch):
+        sys.exit(f"canary: the scratch copy's dsrope does not run: {log.read_text()[-2000:]}")
+    return lines[-2]
+
+
+def run_mutant(m: Mutant) -> Result:
+    args, files, base = JOB["args"], JOB["files"], JOB["base"]
+    scratch = base / m.name
+    copy_tree(scratch, files)
+    target = scratch / m.file
+    try:
+        target.write_text(mutated_text(m, target.read_text()))
+    except Stale as e:
+        return Result(m, "stale", reason=str(e))
+    result = run_suite(scratch, args, HOME.get(m.file, ()), base / f"{m.name}.log")
+    result.mutant = m
+    if not args.keep:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+JOB: dict = {}  # the run's arguments, set before the pool forks its workers
+
+
+def counted(m: Mutant, args) -> bool:
+    if m.equivalent:
+        return False
+    return m.gpu_only == args.gpu or (args.gpu and args.all)
+
+
+def table(results: list[Result], skipped: list[Mutant]) -> str:
+    rows = ["| # | fault | file | result | time (s) | killing test |", "| --- | --- | --- | --- | --- | --- |"]
+    for i, r in enumerate(results, 1):
+        note = f"`{r.killer}`" if r.killer else ""
+        if r.status != "killed" or not r.reason.startswith("AssertionError"):
+            note = f"{note} {r.reason[:90]}".strip().replace("|", "/")
+        if r.mutant.equivalent:
+            note = f"equivalent, run on request: {note}"
+        rows.append(
+            f"| {i} | {r.mutant.name}: {r.mutant.what} | {Path(r.mutant.file).name} | {r.status} | "
+            f"{r.seconds:.1f} | {note} |"
+        )
+    for m in skipped:
+        where = "GPU-only: `nox -s gpu-mutants` on CUDA" if m.gpu_only else "CPU mutant: `nox -s mutants`"
+        why = f"equivalent: {m.equivalent}" if m.equivalent else where
+        rows.append(f"| - | {m.name}: {m.what} | {Path(m.file).name} | not run | - | {why} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gpu", action="store_true", help="CUDA mode: GPU-only mutants against the gpu-marked tests")
+    p.add_argument("--all", action="store_true", help="with --gpu: every mutant against the whole suite on CUDA")
+    p.add_argument("--only", help="comma-separated substrings of mutant names")
+    p.add_argument(
+        "--tests",
+        help="comma-separated substrings of test module names, or pytest node ids (path::test): run only "
+        "those (a partial run: shows that a given test kills a mutant, e.g. --only rope.forward_sine_sign "
+        "--tests tests/test_vs_eager.py::test_partial_rope_matches_eager_rotation)",
+    )
+    p.add_argument("--equivalent", action="store_true", help="also run the equivalent mutants (not counted)")
+    p.add_argument("--list", action="store_true", help="print the catalog and exit")
+    p.add_argument("--check", action="store_true", help="check that every edit applies (exactly one match) and exit")
+    p.add_argument("--jobs", type=int, default=None, help="mutants run at once (default: 2 on CPU, 1 on CUDA)")
+    p.add_argument("--workers", default="0", help="pytest-xdist workers inside each mutant's run (default 0)")
+    p.add_argument(
+        "--no-fork",
+        dest="fork",
+        action="store_false",
+        help="CPU: start every pytest run as a fresh interpreter instead of forking a warm one",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run before it counts as a hang")
+    p.add_argument("--keep", action="store_true", help="keep scratch copies")
+    p.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated copy")
+    p.add_argument(
+        "--deselect",
+        action="append",
+        default=[],
+        metavar="NODEID",
+        help="leave a test out of every run (development only: a test the unmutated tree fails)",
+    )
+    p.add_argument("--report", default=str(ROOT / "out" / "mutants"), help="where the table and JSON go")
+    args = p.parse_args(argv)
+    args.jobs = args.jobs or (1 if args.gpu else 2)
+    args.fork = args.fork and not args.gpu  # CUDA runs start fresh: no CUDA state crosses a fork
+
+    stale = []
+    for m in catalog():
+        try:
+            mutated_text(m, (ROOT / m.file).read_text())
+        except Stale as e:
+            stale.append(str(e))
+        except FileNotFoundError:
+            stale.append(f"{m.name}: {m.file} does not exist")
+    if args.list or args.check:
+        for m in catalog():
+            kind = "equivalent" if m.equivalent else "gpu-only" if m.gpu_only else "cpu"
+            print(f"{m.name:45s} {kind:10s} {m.file}: {m.what}")
+        print("\n".join(stale) or f"all {len(catalog())} mutants apply: every edit matches exactly once")
+        return 1 if stale else 0
+    if stale:
+        print("STALE mutants (an edit no longer matches exactly once; update the catalog):\n  " + "\n  ".join(stale))
+        return 1
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--gpu needs a visible CUDA device; on a CPU machine run `nox -s mutants`")
+            return 1
+
+    wanted = [w.strip() for w in (args.only or "").split(",") if w.strip()]
+    matching = [m for m in catalog() if not wanted or any(w in m.name for w in wanted)]
+    chosen = [m for m in matching if counted(m, args) or (args.equivalent and m.equivalent and not m.gpu_only)]
+    skipped = [m for m in matching if m not in chosen]
+    files = tree_files()
+    base = Path(tempfile.mkdtemp(prefix="dsrope-mutants-"))
+    mode = "CUDA" if args.gpu else "CPU (Triton interpreter)"
+    print(f"mutants: {len(chosen)} to run on {mode}, {len(files)} files per copy, scratch {base}", flush=True)
+    t0 = time.monotonic()
+    if args.fork:
+        warm_up()
+
+    baseline_dir = base / "_baseline"
+    copy_tree(baseline_dir, files)
+    print(f"canary: the scratch copy's dsrope runs ({canary_check(baseline_dir, args)})", flush=True)
+    if not args.no_baseline:
+        # the unmutated copy as the gate runs it: a fresh interpreter, every job slot an xdist worker
+        workers = 0 if args.gpu else args.jobs
+        baseline = run_suite(baseline_dir, args, (), base / "_baseline.log", workers=workers, fork=False)
+        print(
+            f"baseline (unmutated copy): {'passes' if baseline.status == 'survived' else baseline.status}, "
+            f"{baseline.ran} tests ran, {baseline.seconds:.1f}s",
+            flush=True,
+        )
+        if baseline.status != "survived":
+            print(f"the unmutated copy does not pass: {baseline.killer} {baseline.reason}; log {baseline.log}")
+            print(Path(baseline.log).read_text()[-3000:])
+            return 1
+    shutil.rmtree(baseline_dir, ignore_errors=True)
+
+    JOB.update(args=args, files=files, base=base)
+    results: list[Result] = []
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for r in pool.imap_unordered(run_mutant, chosen):
+            results.append(r)
+            by = f" by {r.killer}" if r.killer else ""
+            why = f" ({r.reason})" if r.reason else ""
+            print(
+                f"[{len(results)}/{len(chosen)}] {r.mutant.name}: {r.status.upper()} in {r.seconds:.1f}s{by}{why}",
+                flush=True,
+            )
+    order = {m.name: i for i, m in enumerate(chosen)}
+    results.sort(key=lambda r: order[r.mutant.name])
+    total = time.monotonic() - t0
+
+    text = table(results, skipped)
+    bad = [r for r in results if counted(r.mutant, args) and r.status not in ("killed", "timeout")]
+    n = sum(counted(r.mutant, args) for r in results)
+    killed = n - len(bad)
+    summary = (
+        f"{killed}/{n} counted mutants killed on {mode} in {total:.0f}s wall "
+        f"(jobs={args.jobs}, fork={args.fork}, baseline {'skipped' if args.no_baseline else 'included'})"
+    )
+    print("\n" + text + "\n\n" + summary)
+    for r in bad:
+        print(f"{r.status.upper()} {r.mutant.name}: {r.mutant.what}; {r.reason} (log {r.log})")
+
+    report = Path(args.report)
+    report.mkdir(parents=True, exist_ok=True)
+    # a partial run (--only, --tests, --equivalent, --deselect) must not overwrite the full run's record
+    partial = wanted or args.tests or args.equivalent or args.deselect
+    suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if partial else "")
+    (report / f"mutants-{suffix}.md").write_text(text + "\n\n" + summary + "\n")
+    rows = [
+        dict(
+            name=r.mutant.name,
+            file=r.mutant.file,
+            what=r.mutant.what,
+            status=r.status,
+            seconds=round(r.seconds, 1),
+            killer=r.killer,
+            reason=r.reason,
+            ran=r.ran,
+        )
+        for r in results
+    ]
+    (report / f"mutants-{suffix}.json").write_text(json.dumps(rows, indent=1))
+    if not args.keep and not bad:
+        shutil.rmtree(base, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

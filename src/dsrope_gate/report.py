@@ -1,0 +1,118 @@
+"""The accuracy report's table: rows of kernel x dtype x direction (elements, max ULP, bit-exact share,
+error-model violations, golden status), rendered as markdown and as a chart of the errors."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy
+import torch
+from dsrope_reference.floats import judge, ulp_distance
+
+# the direction each judged stage belongs to; the forward's rstd is its own row
+DIRECTION = {"out": "forward", "rstd": "forward (rstd)", "dx": "backward"}
+
+
+def ulps(out: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
+    ref = ref64.to(torch.float32).to(out.dtype) if out.dtype != torch.float32 else ref64.to(torch.float32)
+    return ulp_distance(out.detach().cpu(), ref)
+
+
+class Table:
+    def __init__(self):
+        self.rows = defaultdict(lambda: dict(elements=0, violations=0, exact=0, max_ulp=0, golden=set(), first=""))
+        self.errors = defaultdict(list)  # stage -> ULP errors, for the histogram
+        self.notes = []  # rows left out, and why: printed under the table
+
+    def add(self, kernel, dtype, stage, out, ref, lo, hi, golden_status=None):
+        check = judge(out, ref, lo, hi)
+        row = self.rows[(kernel, dtype, DIRECTION[stage])]
+        row["elements"] += check.checked
+        row["violations"] += check.violations
+        row["exact"] += check.bit_exact
+        row["max_ulp"] = max(row["max_ulp"], check.max_ulp)
+        if check.violations and not row["first"]:
+            row["first"] = check.first_violation
+        if golden_status:
+            row["golden"].add(golden_status)
+        finite = torch.isfinite(ref)
+        self.errors[f"{kernel}.{stage} {dtype}"].append(ulps(out, ref)[finite].clamp(max=1 << 20))
+        return check
+
+    def add_versus(self, kernel, dtype, direction, ours, theirs, model):
+        """A differential row: ours against another implementation's output `theirs` under `model`."""
+        ours, theirs = ours.detach().cpu(), theirs.detach().cpu()
+        distance = ulp_distance(ours, theirs)
+        value = theirs.to(torch.float64)
+        outside = ~((value >= model.lo) & (value <= model.hi))
+        disagree = (model.lo == model.hi) & (distance > 0)
+        bad = outside | disagree
+        row = self.rows[(kernel, dtype, direction)]
+        row["elements"] += theirs.numel()
+        row["violations"] += int(bad.sum())
+        row["exact"] += int((distance == 0).sum())
+        row["max_ulp"] = max(row["max_ulp"], int(distance.max()) if distance.numel() else 0)
+        if bad.any() and not row["first"]:
+            i = tuple(bad.nonzero()[0].tolist())
+            row["first"] = (
+                f"first at index {list(i)}: ours {ours[i].item()!r}, theirs {theirs[i].item()!r}, "
+                f"allowed [{model.lo[i].item()!r}, {model.hi[i].item()!r}]"
+            )
+
+
+def render(table: Table, meta: dict) -> tuple[str, list[dict]]:
+    head = ["kernel", "dtype", "direction", "elements", "max ulp", "bit-exact", "violations", "golden"]
+    rows = []
+    for (kernel, dtype, direction), r in sorted(table.rows.items()):
+        rows.append(
+            dict(
+                kernel=kernel,
+                dtype=dtype,
+                direction=direction,
+                elements=r["elements"],
+                max_ulp=r["max_ulp"],
+                bit_exact=r["exact"] / max(r["elements"], 1),
+                violations=r["violations"],
+                golden="; ".join(sorted(r["golden"])) or "-",
+                first_violation=r["first"],
+            )
+        )
+    lines = [
+        f"device: {meta['device']}; torch {meta['torch']}; triton {meta['triton']}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['kernel']} | {r['dtype']} | {r['direction']} | {r['elements']} | {r['max_ulp']} | "
+            f"{r['bit_exact']:.4%} | {r['violations']} | {r['golden']} |"
+        )
+    lines += ["", *(f"note: {n}" for n in table.notes)] if table.notes else []
+    return "\n".join(lines), rows
+
+
+def chart(table: Table, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    stages = sorted(table.errors)
+    cols = 3
+    fig, axes = plt.subplots((len(stages) + cols - 1) // cols, cols, figsize=(15, 2.6 * ((len(stages) + 2) // 3)))
+    for ax, stage in zip(axes.flat, stages, strict=False):
+        e = torch.cat(table.errors[stage]).to(torch.float64)
+        top = int(e.max()) if e.numel() else 0
+        bins = numpy.arange(0, min(top, 64) + 2) - 0.5
+        ax.hist(e.clamp(max=min(top, 64)).numpy(), bins=bins, log=True)
+        ax.set_title(f"{stage}: {e.numel()} elements, max {top} ulp", fontsize=8)
+        ax.set_xlabel("error vs correctly rounded reference (ULP)", fontsize=7)
+    for ax in list(axes.flat)[len(stages) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    return True
