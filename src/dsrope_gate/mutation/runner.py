@@ -187,8 +187,10 @@ def warm_up() -> None:
     os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     for name in PRELOAD:
         importlib.import_module(name)
-    # the runner itself is dsrope_gate.mutation: the children forget it and import the copy's (in_child)
-    leaked = sorted(n for n in sys.modules if n.split(".")[0] in OWN and n.split(".")[0] != "dsrope_gate")
+    # the runner itself (tools.mutants, dsrope_gate.mutation): the children forget it and import the copy's
+    leaked = sorted(
+        n for n in sys.modules if n.split(".")[0] in OWN and n.split(".")[0] not in ("dsrope_gate", "tools")
+    )
     assert not leaked, f"project modules imported before the fork would shadow the scratch copy: {leaked}"
 
 
