@@ -97,9 +97,11 @@ def gpu_tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    """ruff (lint and format, all Python) and import-linter (the folders' import boundaries, pyproject.toml)."""
+    session.install("ruff", "import-linter")
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", "--diff", "reference", "tests", "noxfile.py", "conftest.py")
+    session.run("ruff", "format", "--check", "--diff", ".")
+    session.run("lint-imports", env={"PYTHONPATH": checkout_path()})
 
 
 def cuda_session_env() -> dict:

@@ -28,7 +28,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import dsrope.qnorm_rope
 import dsrope.rope
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-from dsrope.qnorm_rope import _forward, qnorm_rope, qnorm_rope_backward
+from dsrope.qnorm_rope import qnorm_rope, qnorm_rope_backward
 from dsrope.rope import partial_rope, partial_rope_backward
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_qk, freqs_cis_from_position_ids, precompute_freqs_cis
 from dsrope_gate.inputs import DEVICE, bits, laid_out, tables, values
@@ -107,7 +107,7 @@ def op_args(op: str, layout: str) -> tuple:
     if op == "partial_rope_backward":
         return g, cos, sin, ROTARY
     x = laid_out(SHAPE, dtype, TOKEN_MAJOR, seed=2)
-    return x, g, cos, sin, _forward(x, cos, sin, ROTARY, EPS)[1], ROTARY
+    return x, g, cos, sin, qnorm_rope(x, cos, sin, ROTARY, EPS)[1], ROTARY
 
 
 @pytest.mark.parametrize("op,layout", OP_CASES, ids=[f"{op}-{layout}" for op, layout in OP_CASES])

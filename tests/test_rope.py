@@ -10,7 +10,8 @@ import torch
 from dsrope_reference.rope import partial_rope
 
 from dsrope import apply_partial_rope_triton
-from dsrope.rope import _launch
+from dsrope.rope import partial_rope as partial_rope_op
+from dsrope.rope import partial_rope_backward as partial_rope_backward_op
 from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
 
@@ -167,12 +168,12 @@ def test_input_not_modified_and_output_independent():
 
 
 def test_launch_inverse_undoes_forward():
-    """_launch(inverse=True) after _launch(inverse=False) returns x: in FP32 each rotation adds at
+    """The backward op (inverse rotation) after the forward op returns x: in FP32 each rotation adds at
     most 2u(|a|+|b|) per element (u = 2**-24) and cos^2 + sin^2 = 1 within 2u, so the round trip
     is within 8u times the pair's magnitude."""
     x = laid_out((1, 2, 6, 16), torch.float32, TOKEN_MAJOR, seed=18)
     cos, sin = tables(1, 6, 16, seed=19)
-    back = _launch(_launch(x, cos, sin, 16, False), cos, sin, 16, True)
+    back = partial_rope_backward_op(partial_rope_op(x, cos, sin, 16), cos, sin, 16)
     pair = x.abs().view(*x.shape[:-1], 8, 2).sum(-1, keepdim=True).expand(*x.shape[:-1], 8, 2).reshape(x.shape)
     assert ((back - x).abs() <= 8 * 2**-24 * pair).all()
 

@@ -1,4 +1,4 @@
-"""Input checks shared by the kernel families, and the interpreter's rounding fix.
+"""Input checks of every kernel family (the one place they live), and the interpreter's rounding fix.
 
 Every check runs before any launch and names the argument and what was expected.
 """
@@ -19,6 +19,7 @@ import triton.language as tl
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+QKV_FORMATS = ("bshd", "thd")  # rope_utils: [batch, sequence, heads, channels] or packed [tokens, heads, channels]
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
@@ -30,14 +31,29 @@ def check_device(name: str, t: torch.Tensor) -> None:
     raise ValueError(f"{name}: expected {expected}, got a tensor on {t.device}")
 
 
-def check_x(x, rank: int = 4, name: str = "x") -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != rank:
-        raise ValueError(f"{name}: expected rank {rank} [batch, heads, sequence, channels], got shape {tuple(x.shape)}")
+DSV4_RANKS = {4: "[batch, heads, sequence, channels]"}
+
+
+def check_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_x(x, name: str = "x", ranks: dict[int, str] = DSV4_RANKS, even_channels=False, device=True):
+    """x: a bf16/fp16/fp32 tensor of one of `ranks` (rank -> layout words); with even_channels an even
+    channel count; with device on CUDA (or the CPU in interpreter mode)."""
+    check_tensor(name, x)
+    if x.dim() not in ranks:
+        expected = " or ".join(f"rank {r} {words}" for r, words in ranks.items())
+        raise ValueError(f"{name}: expected {expected}, got shape {list(x.shape)}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {x.dtype}")
-    check_device(name, x)
+    if even_channels and x.shape[-1] % 2:
+        raise ValueError(f"{name}: expected an even channel count, got {x.shape[-1]}")
+    if device:
+        check_device(name, x)
+    return x
 
 
 def check_rotary(rotary, channels: int) -> None:
@@ -60,6 +76,47 @@ def check_table(name: str, t, x: torch.Tensor, rotary: int) -> None:
         raise ValueError(f"{name}: expected a fixed table (requires_grad=False); the kernels give it no gradient")
     if t.device != x.device:
         raise ValueError(f"{name}: expected a tensor on x's device {x.device}, got {t.device}")
+
+
+def check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
+    return value
+
+
+def check_real(name: str, value, above: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= above:
+        raise ValueError(f"{name}: expected a finite number > {above}, got {value}")
+    return float(value)
+
+
+def check_format(name: str, value) -> str:
+    if value not in QKV_FORMATS:
+        raise ValueError(f"{name}: expected 'bshd' or 'thd', got {value!r}")
+    return value
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value
+
+
+def check_complex_table(freqs_cis, x: torch.Tensor, tokens: tuple[int, ...], qkv_format: str) -> None:
+    """The complex format: complex64 [*tokens, channels/2] on x's device."""
+    check_tensor("freqs_cis", freqs_cis)
+    if freqs_cis.dtype != torch.complex64:
+        raise TypeError(f"freqs_cis: expected dtype complex64, got {freqs_cis.dtype}")
+    expected = [*tokens, x.shape[-1] // 2]
+    if list(freqs_cis.shape) != expected:
+        words = "[batch, sequence, channels/2]" if qkv_format == "bshd" else "[tokens, channels/2]"
+        raise ValueError(f"freqs_cis: expected shape {words} = {expected}, got {list(freqs_cis.shape)}")
+    if freqs_cis.device != x.device:
+        raise ValueError(f"freqs_cis: expected a tensor on x's device {x.device}, got {freqs_cis.device}")
 
 
 def check_eps(eps) -> None:

@@ -228,6 +228,17 @@ class _QNormRoPE(torch.autograd.Function):
 torch.library.register_autograd("dsrope::qnorm_rope", _QNormRoPE.backward_op, setup_context=_QNormRoPE.save)
 
 
+def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:
+    """QNorm + RoPE of checked arguments, as rope._run: the op under torch.compile; in eager the
+    autograd.Function when a gradient is wanted, else the launcher alone. The same launchers on the
+    same arguments: the same bits."""
+    if torch.compiler.is_compiling():
+        return qnorm_rope(x, cos, sin, rotary, eps)[0]
+    if wants_autograd(x):
+        return _QNormRoPE.apply(x, cos, sin, rotary, eps)
+    return _forward(x, cos, sin, rotary, eps)[0]
+
+
 def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:
     """RMSNorm each row of x [B, H, S, D] over D (no weight), then rotate its trailing `rotary`
     interleaved channels. cos, sin: fixed FP32 [B, S, rotary], any strides. Returns x's logical
@@ -237,10 +248,4 @@ def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot
     check_eps(eps)
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)
-    # As rope._run: the op under torch.compile; in eager the autograd.Function when a gradient is
-    # wanted, else the launcher alone. The same launchers on the same arguments: the same bits.
-    if torch.compiler.is_compiling():
-        return qnorm_rope(x, cos, sin, rotary, eps)[0]
-    if wants_autograd(x):
-        return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))
-    return _forward(x, cos, sin, rotary, float(eps))[0]
+    return _run(x, cos, sin, rotary, float(eps))

@@ -161,9 +161,7 @@ def apply_partial_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     cos, sin: fixed FP32 [B, S, rotary] (any strides); entry k of the last dim is pair k's
     frequency. Returns x's logical shape and dtype in token-major storage.
     """
-    check_x(x)
-    if x.shape[-1] % 2:
-        raise ValueError(f"x: expected an even channel count, got {x.shape[-1]}")
+    check_x(x, even_channels=True)
     check_rotary(rotary, x.shape[-1])
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)

@@ -43,74 +43,20 @@ from collections.abc import Mapping
 
 import torch
 
-from dsrope._common import FLOAT_DTYPES, INTERPRET, check_device
+from dsrope._common import (
+    INTERPRET,
+    check_bool,
+    check_complex_table,
+    check_device,
+    check_format,
+    check_int,
+    check_real,
+    check_tensor,
+    check_x,
+)
 from dsrope.rope import _run
 
-FORMATS = ("bshd", "thd")
 YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
-
-
-# --- argument checks (all raised before any launch) -------------------------------------------
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value}")
-    return value
-
-
-def _check_real(name: str, value, above: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= above:
-        raise ValueError(f"{name}: expected a finite number > {above}, got {value}")
-    return float(value)
-
-
-def _check_format(name: str, value) -> str:
-    if value not in FORMATS:
-        raise ValueError(f"{name}: expected 'bshd' or 'thd', got {value!r}")
-    return value
-
-
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
-    return value
-
-
-def _check_tensor(name: str, t) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    return t
-
-
-def _check_x(name: str, x, ranks: dict[int, str]) -> torch.Tensor:
-    """x: a float tensor of one of `ranks` (rank -> layout words) with an even channel count."""
-    _check_tensor(name, x)
-    if x.dim() not in ranks:
-        expected = " or ".join(f"rank {r} {words}" for r, words in ranks.items())
-        raise ValueError(f"{name}: expected {expected}, got shape {list(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {x.dtype}")
-    if x.shape[-1] % 2:
-        raise ValueError(f"{name}: expected an even channel count, got {x.shape[-1]}")
-    return x
-
-
-def _check_complex_table(freqs_cis, x: torch.Tensor, tokens: tuple[int, ...], qkv_format: str) -> None:
-    """The complex format: complex64 [*tokens, channels/2] on x's device."""
-    _check_tensor("freqs_cis", freqs_cis)
-    if freqs_cis.dtype != torch.complex64:
-        raise TypeError(f"freqs_cis: expected dtype complex64, got {freqs_cis.dtype}")
-    expected = [*tokens, x.shape[-1] // 2]
-    if list(freqs_cis.shape) != expected:
-        words = "[batch, sequence, channels/2]" if qkv_format == "bshd" else "[tokens, channels/2]"
-        raise ValueError(f"freqs_cis: expected shape {words} = {expected}, got {list(freqs_cis.shape)}")
-    if freqs_cis.device != x.device:
-        raise ValueError(f"freqs_cis: expected a tensor on x's device {x.device}, got {freqs_cis.device}")
 
 
 # --- frequencies ---------------------------------------------------------------------------------
@@ -118,8 +64,8 @@ def _check_complex_table(freqs_cis, x: torch.Tensor, tokens: tuple[int, ...], qk
 
 def yarn_get_mscale(scale=1, mscale=1) -> float:
     """YaRN's attention scale: 0.1 * mscale * ln(scale) + 1 when scale > 1, else 1."""
-    scale = _check_real("scale", scale, 0.0)
-    mscale = _check_real("mscale", mscale, float("-inf"))
+    scale = check_real("scale", scale, 0.0)
+    mscale = check_real("mscale", mscale, float("-inf"))
     if scale <= 1:
         return 1.0
     return 0.1 * mscale * math.log(scale) + 1.0
@@ -133,12 +79,12 @@ def _yarn_parameters(rope_scaling):
         raise TypeError(f"rope_scaling: expected a dict or None, got {type(rope_scaling).__name__}")
     if not all(key in rope_scaling for key in YARN_KEYS):
         return None
-    factor = _check_real("rope_scaling['factor']", rope_scaling["factor"], 0.0)
-    beta_fast = _check_real("rope_scaling['beta_fast']", rope_scaling["beta_fast"], 0.0)
-    beta_slow = _check_real("rope_scaling['beta_slow']", rope_scaling["beta_slow"], 0.0)
+    factor = check_real("rope_scaling['factor']", rope_scaling["factor"], 0.0)
+    beta_fast = check_real("rope_scaling['beta_fast']", rope_scaling["beta_fast"], 0.0)
+    beta_slow = check_real("rope_scaling['beta_slow']", rope_scaling["beta_slow"], 0.0)
     if beta_fast < beta_slow:
         raise ValueError(f"rope_scaling['beta_fast']: expected >= beta_slow ({beta_slow}), got {beta_fast}")
-    original = _check_int(
+    original = check_int(
         "rope_scaling['original_max_position_embeddings']",
         rope_scaling["original_max_position_embeddings"],
         1,
@@ -173,13 +119,13 @@ def precompute_freqs_cis(
     exact value). reference/rope_utils.py bounds the error of each entry of either table;
     tests/test_rope_utils.py checks both against mpmath.
     """
-    dim = _check_int("qk_rope_head_dim", qk_rope_head_dim, 2)
+    dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 2)
     if dim % 2:
         raise ValueError(f"qk_rope_head_dim: expected an even int, got {dim}")
-    _check_int("max_seq_len", max_seq_len, 1)
-    theta = _check_real("rope_theta", rope_theta, 1.0)
+    check_int("max_seq_len", max_seq_len, 1)
+    theta = check_real("rope_theta", rope_theta, 1.0)
     yarn = _yarn_parameters(rope_scaling)
-    dtype = torch.float64 if _check_bool("fp64", fp64) else torch.float32
+    dtype = torch.float64 if check_bool("fp64", fp64) else torch.float32
 
     # Upstream's ops in upstream's order: in FP32 each rounds (a Python number operand is rounded to
     # FP32 first), so another order, the negative power or 1 / (factor * x) is another table.
@@ -230,9 +176,9 @@ def freqs_cis_from_position_ids(
     device; the fused table's cos and sin are the complex table's real and imaginary parts, bit
     for bit. fp64=True: cos and sin of the same FP32 angle in FP64, rounded once to FP32.
     """
-    _check_format("qkv_format", qkv_format)
+    check_format("qkv_format", qkv_format)
     rank = 2 if qkv_format == "bshd" else 1
-    _check_tensor("position_ids", position_ids)
+    check_tensor("position_ids", position_ids)
     if position_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"position_ids: expected dtype int32 or int64, got {position_ids.dtype}")
     if position_ids.dim() != rank:
@@ -240,12 +186,12 @@ def freqs_cis_from_position_ids(
         raise ValueError(
             f"position_ids: expected rank {rank} {words} for {qkv_format}, got shape {list(position_ids.shape)}"
         )
-    _check_tensor("freqs", freqs)
+    check_tensor("freqs", freqs)
     if freqs.dtype != torch.float32 or freqs.dim() != 1:
         raise TypeError(f"freqs: expected a float32 [d/2] tensor, got {freqs.dtype} {list(freqs.shape)}")
-    _check_bool("for_fused_rope", for_fused_rope)
-    _check_int("cp_size", cp_size, 1)
-    _check_bool("fp64", fp64)
+    check_bool("for_fused_rope", for_fused_rope)
+    check_int("cp_size", cp_size, 1)
+    check_bool("fp64", fp64)
     freqs = freqs.to(position_ids.device)
 
     if for_fused_rope:
@@ -305,7 +251,7 @@ def apply_rotary_emb(
     kernel; a trainable table (requires_grad) goes through the eager FP32 complex product, so
     autograd reaches it. Returns x's shape and dtype (contiguous).
     """
-    _check_format("qkv_format", qkv_format)
+    check_format("qkv_format", qkv_format)
     if unsqueeze_dim is not None and (isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (2, -2)):
         raise ValueError(
             f"unsqueeze_dim: expected None or 2 (-2), the head dim of [batch, sequence, heads, channels], "
@@ -319,9 +265,9 @@ def apply_rotary_emb(
         )
     else:
         ranks = {2: "[tokens, channels]"} if unsqueeze_dim is not None else {3: "[tokens, heads, channels]"}
-    _check_x("x", x, ranks)
+    check_x(x, "x", ranks, even_channels=True, device=False)
     tokens = x.shape[:2] if qkv_format == "bshd" else x.shape[:1]
-    _check_complex_table(freqs_cis, x, tokens, qkv_format)
+    check_complex_table(freqs_cis, x, tokens, qkv_format)
 
     x4 = _to_bshd(x, qkv_format)
     if unsqueeze_dim is not None:
@@ -336,14 +282,14 @@ def apply_rotary_emb_half_split(x: torch.Tensor, freqs_cis: torch.Tensor, qkv_fo
     table as apply_rotary_emb, [B, S, d/2] or [T, d/2]: pair j turns by the same angle in both
     pairings. Eager (autograd reaches x and a trainable table). Returns x's shape and dtype.
     """
-    _check_format("qkv_format", qkv_format)
+    check_format("qkv_format", qkv_format)
     if qkv_format == "bshd":
         ranks = {4: "[batch, sequence, heads, channels]", 3: "[batch, sequence, channels]"}
     else:
         ranks = {3: "[tokens, heads, channels]", 2: "[tokens, channels]"}
-    _check_x("x", x, ranks)
+    check_x(x, "x", ranks, even_channels=True, device=False)
     tokens = x.shape[:2] if qkv_format == "bshd" else x.shape[:1]
-    _check_complex_table(freqs_cis, x, tokens, qkv_format)
+    check_complex_table(freqs_cis, x, tokens, qkv_format)
 
     has_heads = x.dim() == len(tokens) + 2
     cos, sin = freqs_cis.real, freqs_cis.imag
@@ -380,7 +326,7 @@ def _sequence_lengths(cu_seqlens, q: torch.Tensor, format: str, cp_size: int) ->
     else:
         if format != "thd":
             raise ValueError("cu_seqlens: expected None for format 'bshd' (packed sequences are thd)")
-        _check_tensor("cu_seqlens", cu_seqlens)
+        check_tensor("cu_seqlens", cu_seqlens)
         if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
             raise ValueError(
                 f"cu_seqlens: expected an int32/int64 [sequences + 1] tensor, got {cu_seqlens.dtype} "
@@ -404,8 +350,8 @@ def _sequence_lengths(cu_seqlens, q: torch.Tensor, format: str, cp_size: int) ->
 
 def _check_qk(q, k, format: str) -> None:
     rank, words = (4, "[batch, sequence, heads, channels]") if format == "bshd" else (3, "[tokens, heads, channels]")
-    _check_x("q", q, {rank: words})
-    _check_x("k", k, {rank: words})
+    check_x(q, "q", {rank: words}, even_channels=True, device=False)
+    check_x(k, "k", {rank: words}, even_channels=True, device=False)
     if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
         raise ValueError(
             f"k: expected q's tokens and channels {list(q.shape[:-2])}, {q.shape[-1]}, got {list(k.shape)}"
@@ -416,7 +362,7 @@ def _check_qk(q, k, format: str) -> None:
 
 def _fused_tables(freqs_cis, q: torch.Tensor, format: str, lengths: list[int], cp_size: int, cp_rank: int):
     """FP32 cos, sin [B, S, d] (thd: B = 1) for the kernel, rows picked from the fused table."""
-    _check_tensor("freqs_cis", freqs_cis)
+    check_tensor("freqs_cis", freqs_cis)
     d = q.shape[-1]
     if freqs_cis.dtype != torch.float32:
         raise TypeError(
@@ -469,11 +415,11 @@ def apply_rotary_emb_qk(
     capturable either). Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
     (docs/perf.md, "Decode").
     """
-    _check_format("format", format)
-    _check_bool("rope_fusion", rope_fusion)
+    check_format("format", format)
+    check_bool("rope_fusion", rope_fusion)
     _check_qk(q, k, format)
-    _check_int("cp_size", cp_size, 1)
-    _check_int("cp_rank", cp_rank, 0)
+    check_int("cp_size", cp_size, 1)
+    check_int("cp_rank", cp_rank, 0)
     if cp_rank >= cp_size:
         raise ValueError(f"cp_rank: expected an int < cp_size ({cp_size}), got {cp_rank}")
     lengths = _sequence_lengths(cu_seqlens, q, format, cp_size)

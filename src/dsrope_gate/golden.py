@@ -477,7 +477,7 @@ def run_kernels(record: dict, tensors: dict[str, torch.Tensor], device=None) -> 
 
 def run_case_kernels(record: dict, x, grad, cos, sin) -> dict[str, torch.Tensor]:
     from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-    from dsrope.qnorm_rope import _forward
+    from dsrope.qnorm_rope import qnorm_rope as qnorm_rope_op  # the op: (out, rstd)
 
     rotary, eps = record["rotary"], record["eps"]
     outputs = {}
@@ -499,7 +499,7 @@ def run_case_kernels(record: dict, x, grad, cos, sin) -> dict[str, torch.Tensor]
         xg = x.detach().requires_grad_()
         out = qnorm_rope_triton(xg, cos, sin, rotary, eps)
         (dx,) = torch.autograd.grad(out, xg, grad)
-        _, rstd = _forward(x, cos, sin, rotary, eps)
+        _, rstd = qnorm_rope_op(x, cos, sin, rotary, eps)
         outputs |= {"qnorm_rope.out": out, "qnorm_rope.rstd": rstd, "qnorm_rope.dx": dx}
     if "partial_rope" in record["kernels"]:
         xg = x.detach().requires_grad_()

@@ -416,7 +416,7 @@ MUTANTS = [
         "qnorm.inference_eps_ignored",
         QNORM,
         "the no-gradient path (inference, decode) launches with eps=1e-6, not the caller's eps",
-        ("return _forward(x, cos, sin, rotary, float(eps))[0]", "return _forward(x, cos, sin, rotary, 1e-6)[0]"),
+        ("    return _forward(x, cos, sin, rotary, eps)[0]", "    return _forward(x, cos, sin, rotary, 1e-6)[0]"),
     ),
     mutant(
         "qnorm.op_eps_ignored",
@@ -459,7 +459,7 @@ MUTANTS = [
         "qnorm.compile_traces_function",
         QNORM,
         "under torch.compile the autograd.Function is called, not the op (dynamo meets the Triton launch)",
-        ("return qnorm_rope(x, cos, sin, rotary, eps)[0]", "return _QNormRoPE.apply(x, cos, sin, rotary, float(eps))"),
+        ("return qnorm_rope(x, cos, sin, rotary, eps)[0]", "return _QNormRoPE.apply(x, cos, sin, rotary, eps)"),
     ),
     mutant(
         "qnorm.autograd_only_for_leaves",

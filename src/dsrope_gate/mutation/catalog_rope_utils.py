@@ -123,8 +123,8 @@ MUTANTS = [
         UTILS,
         "the default frequencies computed in FP64 and rounded once (the old, more accurate table)",
         (
-            'dtype = torch.float64 if _check_bool("fp64", fp64) else torch.float32',
-            'dtype = torch.float64 if _check_bool("fp64", fp64) or True else torch.float32',
+            'dtype = torch.float64 if check_bool("fp64", fp64) else torch.float32',
+            'dtype = torch.float64 if check_bool("fp64", fp64) or True else torch.float32',
         ),
     ),
     mutant(
