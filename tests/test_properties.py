@@ -6,7 +6,7 @@ apply_rotary_emb / apply_rotary_emb_half_split (v3), forward and backward:
   within_model       every element inside the reference's interval (reference/rope.py,
                      reference/qnorm_rope.py, reference/rope_utils.py: zero violations; the
                      saved rstd and a trainable table's gradient too); the result in token-major
-                     storage (SPEC.md; v3: apply_rotary_emb's documented contiguous result); no
+                     storage (docs/contract.md; v3: apply_rotary_emb's documented contiguous result); no
                      input storage, NaN gaps included, is written.
   layout_invariant   a strided input (x, cos, sin, grad) and a contiguous copy of it give
                      bit-identical results; on a GPU, results that pass through a reduction
@@ -135,7 +135,7 @@ def rope_backward(x, cos, sin, rotary, grad):
 
 
 def qnorm(x, cos, sin, rotary, eps):
-    """Output and the saved FP32 rstd [B*S*H] (read from the autograd node: SPEC.md fixes it)."""
+    """Output and the saved FP32 rstd [B*S*H] (read from the autograd node: docs/contract.md fixes it)."""
     x = x.detach().requires_grad_()
     out = qnorm_rope_triton(x, cos, sin, rotary, eps)
     assert_token_major(out, x, "qnorm output")
@@ -301,7 +301,7 @@ def assert_round_trip(back, x_ref, x_width, x_mag, pairs, c, s, what, keep=None)
 
 
 def trailing_pairs(rotary):
-    """SPEC.md's pairs: channels (D-R+2k, D-R+2k+1); the leading D-R channels are kept."""
+    """docs/contract.md's pairs: channels (D-R+2k, D-R+2k+1); the leading D-R channels are kept."""
     pairs = lambda t: (t[..., t.shape[-1] - rotary :: 2], t[..., t.shape[-1] - rotary + 1 :: 2])
     keep = lambda t: t[..., : t.shape[-1] - rotary]
     return pairs, keep

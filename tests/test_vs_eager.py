@@ -1,4 +1,4 @@
-"""Differential checks of the DSV4 kernels against the eager chains SPEC.md says they equal, written
+"""Differential checks of the DSV4 kernels against the eager chains docs/contract.md says they equal, written
 with stock torch ops only (tests/differential.py):
   qnorm_rope_triton          F.rms_norm(x, (D,), eps=eps), then an FP32 interleaved rotation of the
                              trailing R channels cast back to x.dtype; backward: autograd through it

@@ -29,7 +29,7 @@ Bits:
 
 Documented differences (not errors, each with its test): transformers' interleave function returns
 the rotated pairs de-interleaved (pair j in channels j and j + d/2; ours keeps pairs in place, as
-SPEC.md says), and transformers computes in its input's dtype with cos/sin cast to it, which in
+docs/contract.md says), and transformers computes in its input's dtype with cos/sin cast to it, which in
 bf16/fp16 is another function (test_transformers_in_its_input_dtype_is_another_function).
 
 Mutants (tools/mutants.py) each test fails under, shown with

@@ -45,6 +45,8 @@ for phase in "$@"; do
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
     overhead) timeout 120 python3 -m bench.overhead ;;
+    # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
+    eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
     # it; `git diff golden/snapshots` then shows what changed); then the suite alone, so its wall
     # time is the gate's time-to-verdict (with the per-test profile of dsrope_gate.profile); then

@@ -175,18 +175,22 @@ class Check:
         )
 
 
+def inside(out64: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Per element, whether out (FP64 values) is what the model allows: NaN where ref is NaN, ref itself
+    where ref is infinite, a value in [lo, hi] elsewhere."""
+    return torch.where(
+        torch.isnan(ref),
+        torch.isnan(out64),
+        torch.where(torch.isfinite(ref), (out64 >= lo) & (out64 <= hi), out64 == ref),
+    )
+
+
 def judge(out: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> Check:
     """out (kernel, its dtype) against ref/lo/hi (FP64). NaN must meet NaN; inf must equal ref."""
     out64 = out.detach().to("cpu", torch.float64)
     ref, lo, hi = (t.to(torch.float64) for t in (ref, lo, hi))
     assert out64.shape == ref.shape, (out64.shape, ref.shape)
-    nan_ref = torch.isnan(ref)
-    finite_ref = torch.isfinite(ref)
-    ok = torch.where(
-        nan_ref,
-        torch.isnan(out64),
-        torch.where(finite_ref, (out64 >= lo) & (out64 <= hi), out64 == ref),
-    )
+    ok = inside(out64, ref, lo, hi)
     ref_in_dtype = ref.to(out.dtype) if out.dtype == torch.float32 else _exact_cast(ref, out.dtype)
     ulps = ulp_distance(out.detach().cpu(), ref_in_dtype)
     bad = (~ok).nonzero()

@@ -1,7 +1,7 @@
 """FP64 model of Q RMSNorm + partial interleaved RoPE, forward and backward, and the error model
 of a correct FP32-arithmetic kernel.
 
-Exact function (SPEC.md), per row of D channels, rnd = round to nearest even into x.dtype:
+Exact function (docs/contract.md), per row of D channels, rnd = round to nearest even into x.dtype:
   r  = 1 / sqrt(mean(x^2) + eps)                              (the kernel keeps it in FP32)
   y  = rnd(x * r)                                             boundary 1
   out: pass-through channels y; pair k: rnd(ya*c - yb*s), rnd(ya*s + yb*c)

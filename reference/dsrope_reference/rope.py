@@ -1,6 +1,6 @@
 """FP64 model of partial interleaved RoPE and the per-element error model of an FP32 kernel.
 
-Exact function (SPEC.md): for pair k of the trailing R channels, (a, b) = x[D-R+2k], x[D-R+2k+1],
+Exact function (docs/contract.md): for pair k of the trailing R channels, (a, b) = x[D-R+2k], x[D-R+2k+1],
 c = cos[b, s, k], s = sin[b, s, k] (s negated for the inverse):
     out = (rnd(a*c - b*s), rnd(a*s + b*c)),   leading D-R channels copied.
 

@@ -210,7 +210,7 @@ def pair_table(
 
 
 # --- Triton interpreter: round fp32 -> bf16 to nearest even, as the GPU does -------------------
-# Measured (SPEC.md; triton 3.6 and 3.9): the interpreter converts fp32 -> bf16 by dropping the low
+# Measured (docs/contract.md; triton 3.6 and 3.9): the interpreter converts fp32 -> bf16 by dropping the low
 # 16 bits (truncation), and even its "rtne" path rounds ties away from zero. Compiled kernels round
 # to nearest even. Without this fix, every bf16 result computed on CPU would differ from the GPU's
 # in about half of the elements, and the CPU suite could not check bf16 rounding at all. Only the

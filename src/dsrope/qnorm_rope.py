@@ -5,7 +5,7 @@ The two bf16 rounding boundaries are intentional; they reproduce the unfused eag
   1. forward: the normalized row y = x * rstd is rounded to x.dtype BEFORE it is rotated;
   2. backward: the upstream gradient is de-rotated and rounded to x.dtype BEFORE the RMSNorm
      backward.
-Keeping FP32 across either boundary computes a different function (SPEC.md).
+Keeping FP32 across either boundary computes a different function (docs/contract.md).
 
 Rows are walked in token-major order, row = (b*S + s)*H + h; `rstd` is saved in that order.
 Each row is one contiguous tile of channels, loaded and stored once (masked, so D and R/2 need not

@@ -1,13 +1,13 @@
 """Implementations this project did not write, for the differential checks (tests/test_vs_*.py and
 tools/verify.py's "vs" rows): transformers' DeepSeek-V3 rotary functions, and the eager chains of
-stock torch ops that SPEC.md says the DSV4 kernels equal.
+stock torch ops that docs/contract.md says the DSV4 kernels equal.
 
 transformers (modeling_deepseek_v3, pinned in pyproject's test extra) takes q, k [B, H, S, d] (or any
 layout whose token dims match cos after `unsqueeze_dim`) and cos, sin [B, S, d] built as cat(f, f):
 pair j's value sits in entries j and j + d/2. Two facts about it shape every comparison:
 - apply_rotary_pos_emb_interleave pairs channels (2j, 2j + 1) but returns the rotated pairs
   de-interleaved: pair j's first output in channel j, its second in j + d/2 (a fixed permutation
-  of q and k alike, which leaves every q.k unchanged). Ours keeps each pair in place (SPEC.md), so
+  of q and k alike, which leaves every q.k unchanged). Ours keeps each pair in place (docs/contract.md), so
   its output is compared with `pairs_in_place` of theirs.
 - it computes in the input's dtype: in bf16/fp16 every product and the sum round to that dtype
   (a different function, tests/test_vs_transformers.py shows it). To compare with ours (FP32 math,
@@ -77,7 +77,7 @@ def transformers_rotation_bshd(module, pairing: str, x, freqs_cis, grad):
     return out.detach(), dx
 
 
-# --- eager chains of stock torch ops (SPEC.md: what the DSV4 kernels equal) ------------------------
+# --- eager chains of stock torch ops (docs/contract.md: what the DSV4 kernels equal) ------------------------
 
 
 def forward_backward(function, x, grad, *args):
