@@ -25,6 +25,15 @@ def checkout_path() -> str:
     return os.pathsep.join(filter(None, paths))
 
 
+def quiet_probe(session: nox.Session, code: str, *args: str) -> bool:
+    """Whether `python -c code args` exits 0 in the session's environment, without printing a traceback."""
+    try:
+        session.run("python", "-c", code, *args, silent=True, log=False)
+    except nox.command.CommandFailed:
+        return False
+    return True
+
+
 def install_cpu(session: nox.Session, *extras: str) -> None:
     session.install(CPU_TORCH)
     session.install("-e", f".[{','.join(('test', *extras))}]")
@@ -157,6 +166,18 @@ def verify(session: nox.Session) -> None:
     except nox.command.CommandFailed:
         install_cpu(session, "report")
     session.run("python", "-m", "tools.verify", *session.posargs)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def conformance(session: nox.Session) -> None:
+    """Judge any implementation (or the presets) against the contract: dsrope_gate.conformance.
+
+    `nox -s conformance -- --op qnorm_rope --impl module.path:callable [--device cpu|cuda] [--json PATH]`.
+    Packages as for verify: a GPU host's torch as found, else the CPU wheel and the gate extra."""
+    probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
+    if not quiet_probe(session, probe, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
+        install_cpu(session)
+    session.run("python", "-m", "dsrope_gate.conformance", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
 @nox.session(name="gpu-mutants", venv_backend="none")

@@ -148,6 +148,24 @@ def test_nan_stays_in_its_pair():
     assert torch.equal(torch.isnan(out), expect)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_infinity_stays_in_its_pair_and_the_model_holds(dtype):
+    """An infinite input channel gives an infinite output in both lanes of its pair (inf times a nonzero
+    entry), NaN nowhere, and the reference's model (IEEE values where an input is infinite) accepts it."""
+    x = materialize(values((1, 2, 3, 12), dtype, seed=16).to(DEVICE), TOKEN_MAJOR)
+    x[0, 1, 2, 9] = float("inf")  # rotary pair (8, 9)
+    x[0, 0, 0, 2] = float("-inf")  # pass-through channel
+    cos, sin = (t.clone() for t in tables(1, 3, 6, seed=17, per_batch=True))
+    cos[0, 2, 1], sin[0, 2, 1] = -0.127, -0.992  # pair 1 at (0, 2): a*c - inf*s = +inf, a*s + inf*c = -inf
+    out = forward(x, cos, sin, 6)
+    expect = torch.zeros(out.shape, dtype=torch.bool)
+    expect[0, 1, 2, 8:10] = True
+    expect[0, 0, 0, 2] = True
+    assert torch.equal(torch.isinf(out.cpu()), expect) and not out.isnan().any()
+    check = partial_rope(x, cos, sin, 6).judge(out)
+    assert check.violations == 0, check
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 3, 8), (1, 0, 3, 8), (1, 2, 0, 8)])
 def test_empty(shape):
     x = torch.empty(shape, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)

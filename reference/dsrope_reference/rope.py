@@ -76,8 +76,18 @@ def rotate_pairs(a, b, c, s, dtype):
     ac, bs, as_, bc = a * c, b * s, a * s, b * c
     first_hi, first_lo = two_sum(ac, -bs)
     second_hi, second_lo = two_sum(as_, bc)
-    ref = (round_nearest_exact(first_hi, first_lo, dtype), round_nearest_exact(second_hi, second_lo, dtype))
+    ref = (
+        exact_or_ieee(first_hi, round_nearest_exact(first_hi, first_lo, dtype)),
+        exact_or_ieee(second_hi, round_nearest_exact(second_hi, second_lo, dtype)),
+    )
     return ref, rotation_interval(a, a, b, b, c, s, dtype)
+
+
+def exact_or_ieee(value: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded value where the FP64 computation is finite; its IEEE result (inf, NaN) where
+    an input is infinite or NaN: any FP32 evaluation order gives the same one (inf * finite is inf,
+    inf - inf is NaN), and TwoSum's error term is NaN there."""
+    return torch.where(torch.isfinite(value), rounded, value)
 
 
 def rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype):

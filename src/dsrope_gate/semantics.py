@@ -1,0 +1,193 @@
+"""Known semantics of a Q-norm + RoPE or a partial RoPE implementation, each as an eager emulation, and
+the classifier the conformance command names an implementation's semantics with.
+
+Every emulation takes (x, cos, sin, rotary, eps, grad) on the CPU (x [B, H, S, D] any strides, cos/sin
+FP32 [B, S, >= R/2]) and returns the output (forward) or the input gradient for `grad` (backward), in
+x.dtype. Labels (docs/contract.md names the contract's):
+
+Norm (qnorm_rope forward)
+  two-boundaries   the contract: F.rms_norm(x, (D,), eps) in x.dtype (boundary 1), then the rotation
+  fp32-through     boundary 1 missing: the FP32 normalized row goes into the rotation unrounded; the
+                   unrotated channels are rounded once
+  rounded-rstd     1/sqrt(mean(x^2) + eps) rounded to x.dtype, then x times it in x.dtype
+Rotation (both ops; pairs of the trailing R channels unless said)
+  interleaved      the contract: pairs (D-R+2k, D-R+2k+1), a*c - b*s and a*s + b*c in FP32 (each product
+                   and the sum rounded to FP32), one round-to-nearest-even store
+  half-split       rotate_half pairing inside the trailing R channels: channel D-R+k with D-R/2+k
+  leading-channels interleaved pairs in the leading R channels (2k, 2k+1)
+  truncating-store the contract's FP32 values stored with truncation toward zero
+  fma-rotation     products fused into the adds, fma(a, c, -rn(b*s)) and fma(a, s, rn(b*c)), each
+                   rounded once to FP32 (inside the error model, other bits)
+Backward (qnorm_rope)
+  two-boundaries   autograd through the contract's eager chain: the de-rotated gradient is rounded to
+                   x.dtype (boundary 2) before the RMSNorm backward
+  no-boundary-2    the de-rotated gradient stays FP32 into the RMSNorm backward; dx rounded once
+The backward of partial_rope is the rotation by the conjugate table (sine negated): the rotation labels.
+
+A qnorm_rope forward emulation is a norm label with a rotation label, named "norm+rotation"; the
+classifier reports the parts of the best ones. Where a rounding is a no-op (fp32 outputs: truncating-store
+equals interleaved, fp32-through equals two-boundaries) the emulations give the same bits: a tie, and the
+conformance command uses bf16 and fp16 cases for the semantics.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from dsrope_reference.rope import round_nearest_exact, two_sum
+
+ROTATIONS = ("interleaved", "half-split", "leading-channels", "truncating-store", "fma-rotation")
+NORMS = ("two-boundaries", "fp32-through", "rounded-rstd")
+BACKWARDS = ("two-boundaries", "no-boundary-2")
+
+
+# --- stores ------------------------------------------------------------------------------------------
+
+
+def truncate(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """FP32 values into dtype, rounded toward zero."""
+    r = v.to(dtype)
+    if dtype == torch.float32:
+        return r
+    too_far = r.float().abs() > v.abs()  # round-to-nearest went away from zero: one step back
+    return torch.where(too_far & v.isfinite(), torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fl32(a*b + c) for FP32 a, b, c, rounded once: a*b is exact in FP64, TwoSum makes the sum exact."""
+    hi, lo = two_sum(a.double() * b.double(), c.double())
+    return round_nearest_exact(hi, lo, torch.float32).float()
+
+
+# --- rotations ----------------------------------------------------------------------------------------
+
+
+def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtype) -> torch.Tensor:
+    """y FP32 [B, H, S, D] with its rotary pairs rotated per `label`, stored into dtype; the channels the
+    label does not rotate are y rounded to nearest (exact where y already holds dtype values)."""
+    d = y.shape[-1]
+    half = rotary // 2
+    c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
+    start = 0 if label == "leading-channels" else d - rotary
+    if label == "half-split":
+        a, b = y[..., start : start + half], y[..., start + half : start + rotary]
+    else:
+        a, b = y[..., start : start + rotary : 2], y[..., start + 1 : start + rotary : 2]
+    if label == "fma-rotation":
+        first, second = fma32(a, c, -(b * s)), fma32(a, s, b * c)
+    else:
+        first, second = a * c - b * s, a * s + b * c
+    if label == "half-split":
+        rotated = torch.cat((first, second), -1)
+    else:
+        rotated = torch.stack((first, second), -1).flatten(-2)
+    out = y.clone()
+    out[..., start : start + rotary] = rotated
+    if label == "truncating-store":
+        return torch.cat((y[..., :start].to(dtype), truncate(rotated, dtype)), -1)
+    return out.to(dtype)
+
+
+# --- the qnorm_rope norms ---------------------------------------------------------------------------------
+
+
+def normalized(x: torch.Tensor, eps: float, label: str) -> torch.Tensor:
+    """The row after the norm, FP32 (holding x.dtype values where the label rounds it)."""
+    d = x.shape[-1]
+    if label == "two-boundaries":
+        return F.rms_norm(x, (d,), eps=eps).float()
+    if label == "fp32-through":
+        return F.rms_norm(x.float(), (d,), eps=eps)
+    r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+    return (x * r).float()
+
+
+# --- emulations ----------------------------------------------------------------------------------------
+
+
+def qnorm_forward(norm: str, rotation: str):
+    def emulate(x, cos, sin, rotary, eps, grad=None):
+        return rotate(normalized(x, eps, norm), cos, sin, rotary, rotation, x.dtype)
+
+    return emulate
+
+
+def rope_forward(rotation: str):
+    def emulate(x, cos, sin, rotary, eps=None, grad=None):
+        return rotate(x.float(), cos, sin, rotary, rotation, x.dtype)
+
+    return emulate
+
+
+def rope_backward(rotation: str):
+    def emulate(x, cos, sin, rotary, eps, grad):
+        return rotate(grad.float(), cos, -sin, rotary, rotation, grad.dtype)
+
+    return emulate
+
+
+def qnorm_backward(label: str):
+    """Autograd through F.rms_norm (in x.dtype, or FP32 for no-boundary-2), the FP32 interleaved
+    rotation and the cast to x.dtype."""
+
+    def emulate(x, cos, sin, rotary, eps, grad):
+        xg = x.detach().clone().requires_grad_()
+        d = x.shape[-1]
+        if label == "two-boundaries":
+            y = F.rms_norm(xg, (d,), eps=eps).float()  # the upcast's backward rounds g' to x.dtype
+        else:
+            y = F.rms_norm(xg.float(), (d,), eps=eps)
+        out = rotate_fp32(y, cos, sin, rotary).to(x.dtype)
+        (dx,) = torch.autograd.grad(out, xg, grad.expand(out.shape))
+        return dx
+
+    return emulate
+
+
+def rotate_fp32(y, cos, sin, rotary):
+    """The contract's rotation in FP32 with autograd (no store): the backward emulations' forward."""
+    d, half = y.shape[-1], rotary // 2
+    c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
+    a, b = y[..., d - rotary :: 2], y[..., d - rotary + 1 :: 2]
+    return torch.cat((y[..., : d - rotary], torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)), -1)
+
+
+def emulations(op: str, direction: str) -> dict:
+    """Label -> emulation for an op ("qnorm_rope" or "partial_rope") and a direction."""
+    if op == "qnorm_rope" and direction == "forward":
+        return {f"{n}+{r}": qnorm_forward(n, r) for n in NORMS for r in ROTATIONS}
+    if op == "qnorm_rope":
+        return {label: qnorm_backward(label) for label in BACKWARDS}
+    if direction == "forward":
+        return {r: rope_forward(r) for r in ROTATIONS}
+    return {r: rope_backward(r) for r in ROTATIONS}
+
+
+# --- evidence ----------------------------------------------------------------------------------------------
+
+
+def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
+    """The share of elements whose bits are equal (NaN meets NaN whatever its payload; +0 and -0 differ)."""
+    if got.numel() == 0:
+        return 1.0
+    ints = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    same = got.contiguous().view(ints) == emulated.to(got.dtype).contiguous().view(ints)
+    same |= got.isnan() & emulated.isnan()
+    return float(same.double().mean())
+
+
+def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:
+    """The labels whose emulations agree best, averaged over the cases (ties together), kept only where
+    they reach `threshold` on every case; [] when none does (no known semantics). Combined labels
+    ("norm+rotation") are reported as their parts."""
+    if not evidence:
+        return []
+    labels = [label for label in evidence[0] if all(case[label] >= threshold for case in evidence)]
+    if not labels:
+        return []
+    mean = {label: sum(case[label] for case in evidence) / len(evidence) for label in labels}
+    best = max(mean.values())
+    parts = []
+    for label in sorted(label for label in labels if mean[label] == best):
+        parts += [p for p in label.split("+") if p not in parts]
+    return parts
