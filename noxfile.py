@@ -4,6 +4,7 @@ others the issues name (golden, verify, mutants, bench)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -25,13 +26,19 @@ def checkout_path() -> str:
     return os.pathsep.join(filter(None, paths))
 
 
-def quiet_probe(session: nox.Session, code: str, *args: str) -> bool:
-    """Whether `python -c code args` exits 0 in the session's environment, without printing a traceback."""
-    try:
-        session.run("python", "-c", code, *args, silent=True, log=False)
-    except nox.command.CommandFailed:
-        return False
-    return True
+# Whether every named module can be found, asked without importing them: a missing one is an answer,
+# not a traceback (a fresh machine's first `nox -s verify` has no torch yet).
+FIND = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
+
+
+def has_modules(session: nox.Session, *modules: str) -> bool:
+    """Whether the session's python finds all `modules` (asked directly: nox would log a failed probe as
+    a failed command); says which install follows when not."""
+    python = str(Path(session.bin) / "python")
+    if subprocess.run([python, "-c", FIND, *modules], capture_output=True).returncode == 0:
+        return True
+    session.log("torch or the test packages are not installed here: installing them into this session's venv")
+    return False
 
 
 def install_cpu(session: nox.Session, *extras: str) -> None:
@@ -150,7 +157,7 @@ def golden(session: nox.Session) -> None:
     the interpreter). On a CUDA host, record its snapshot with `python -m tools.golden --update-snapshot`."""
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    session.run("python", "-m", "tools.golden", *session.posargs, env=env)
+    session.run("python", "-m", "tools.golden", *session.posargs, env=env | {"PYTHONPATH": checkout_path()})
 
 
 @nox.session(venv_params=["--system-site-packages"])
@@ -160,12 +167,9 @@ def verify(session: nox.Session) -> None:
     The venv sees the system's packages, so a GPU host's torch (and its offline packages) is used
     as found; on a fresh CPU machine the CPU wheel and the test deps are installed.
     """
-    probe = "import torch, triton, numpy, ml_dtypes, mpmath, safetensors, matplotlib"
-    try:
-        session.run("python", "-c", probe, silent=True)
-    except nox.command.CommandFailed:
+    if not has_modules(session, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "safetensors", "matplotlib"):
         install_cpu(session, "report")
-    session.run("python", "-m", "tools.verify", *session.posargs)
+    session.run("python", "-m", "tools.verify", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
 @nox.session(venv_params=["--system-site-packages"])
@@ -174,8 +178,7 @@ def conformance(session: nox.Session) -> None:
 
     `nox -s conformance -- --op qnorm_rope --impl module.path:callable [--device cpu|cuda] [--json PATH]`.
     Packages as for verify: a GPU host's torch as found, else the CPU wheel and the gate extra."""
-    probe = "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))"
-    if not quiet_probe(session, probe, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
+    if not has_modules(session, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
         install_cpu(session)
     session.run("python", "-m", "dsrope_gate.conformance", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
@@ -194,9 +197,7 @@ def mutants(session: nox.Session) -> None:
     CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
     On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).
     """
-    probe = "import torch, triton, numpy, ml_dtypes, mpmath, hypothesis, pytest, xdist, safetensors"
-    try:
-        session.run("python", "-c", probe, silent=True)
-    except nox.command.CommandFailed:
+    modules = ("torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "pytest", "xdist", "safetensors")
+    if not has_modules(session, *modules):
         install_cpu(session)
-    session.run("python", "-m", "tools.mutants", *session.posargs)
+    session.run("python", "-m", "tools.mutants", *session.posargs, env={"PYTHONPATH": checkout_path()})
