@@ -185,6 +185,18 @@ def inside(out64: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.T
     )
 
 
+def budget_used(out64: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Per element, the share of the error model's allowance the output uses: |out - ref| over the room on
+    its side (hi - ref above ref, ref - lo below). 0 for the correctly rounded value, at most 1 inside the
+    model, inf where the model allows nothing on that side (or NaN, or another infinity, is returned)."""
+    err = out64 - ref
+    room = torch.where(err > 0, hi - ref, ref - lo)
+    share = torch.where(err == 0, torch.zeros_like(err), err.abs() / room)
+    ok = inside(out64, ref, lo, hi)
+    share = torch.where(torch.isfinite(ref), share, torch.where(ok, 0.0, float("inf")))
+    return torch.where(torch.isnan(share), float("inf"), share)
+
+
 def judge(out: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> Check:
     """out (kernel, its dtype) against ref/lo/hi (FP64). NaN must meet NaN; inf must equal ref."""
     out64 = out.detach().to("cpu", torch.float64)

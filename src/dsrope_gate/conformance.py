@@ -470,7 +470,7 @@ def run_impl(name: str, fn, op: str, cases: list[Inputs], device: str, progress)
         if case.source == "layout":
             layouts[case.layout] = outcome if outcome != "ok" else "accepted"
     res = {"impl": name, "op": op, "device": device}
-    for direction, record in directions.items():
+    for record in directions.values():
         wrong = any(n["status"] == "wrong output" for n in record["not_run"])
         record["conforms"] = record["elements"] > 0 and record["outside_model"] == 0 and not wrong
         record["semantics"] = classify(record["cases"])
