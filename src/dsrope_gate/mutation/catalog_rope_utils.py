@@ -199,4 +199,54 @@ MUTANTS = [
         equivalent="at scale == 1 the formula gives 0.1 * mscale * ln(1) + 1 = 1.0 exactly (ln(1) is exactly 0 "
         "and mscale is finite), the same value as the early return.",
     ),
+    # YaRN paths the usual DeepSeek-V3 configurations never reach (issue 28): each survived the suite before
+    # the edge configurations were pinned in tests/test_rope_utils.py
+    mutant(
+        "utils.yarn_skipped_at_factor_1",
+        UTILS,
+        "YaRN skipped when factor is 1 (the FP32 blend freqs / 1 * (1 - s) + freqs * s is not the identity)",
+        (
+            "if yarn is not None and max_seq_len > yarn[3]:",
+            "if yarn is not None and max_seq_len > yarn[3] and yarn[0] != 1:",
+        ),
+    ),
+    mutant(
+        "utils.yarn_below_original_length",
+        UTILS,
+        "YaRN applied whenever max_seq_len differs from the original length (also below it)",
+        ("if yarn is not None and max_seq_len > yarn[3]:", "if yarn is not None and max_seq_len != yarn[3]:"),
+    ),
+    mutant(
+        "utils.mscale_zero_as_default",
+        UTILS,
+        "yarn_get_mscale treats mscale 0 as the default 1 (`mscale or 1.0`)",
+        (
+            '    mscale = check_real("mscale", mscale, float("-inf"))',
+            '    mscale = check_real("mscale", mscale, float("-inf")) or 1.0',
+        ),
+    ),
+    mutant(
+        "utils.yarn_zero_width_ramp_unguarded",
+        UTILS,
+        "no +0.001 when the ramp's ends meet (low == high): 0/0 and x/0 in the ramp",
+        ("        if low == high:\n            high += 0.001", "        if low == high:\n            pass"),
+    ),
+    mutant(
+        "utils.yarn_high_not_clamped",
+        UTILS,
+        "the ramp's high end not clamped to dim - 1",
+        (
+            "high = min(math.ceil(_correction_dim(beta_slow, dim, theta, original)), dim - 1)",
+            "high = math.ceil(_correction_dim(beta_slow, dim, theta, original))",
+        ),
+    ),
+    mutant(
+        "utils.yarn_low_not_clamped",
+        UTILS,
+        "the ramp's low end not clamped to 0",
+        (
+            "low = max(math.floor(_correction_dim(beta_fast, dim, theta, original)), 0)",
+            "low = math.floor(_correction_dim(beta_fast, dim, theta, original))",
+        ),
+    ),
 ]
