@@ -48,6 +48,7 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
     files = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True
     ).stdout.decode()
+    assert files, f"{ROOT} is not a git checkout: this test copies what a clone holds"
     for f in filter(None, files.split("\0")):
         if (ROOT / f).is_file():
             (checkout / f).parent.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,14 @@ def test_yarn_get_mscale(scale, mscale):
     assert abs(got - exact) <= 2.0**-50 * abs(exact), (got, float(exact))
 
 
+@pytest.mark.parametrize("scale", [40, 4.0, 1.5, 1, 0.5])
+@pytest.mark.parametrize("mscale", [0.707, 1.0, 0])
+def test_yarn_get_mscale_equals_upstream(scale, mscale):
+    """Bit for bit upstream's yarn_get_mscale for the mscale values published configurations use (0.707,
+    1.0) and 0, above, at and below scale 1 (mscale 0 gives exactly 1.0: mutant utils.mscale_zero_as_default)."""
+    assert yarn_get_mscale(scale, mscale) == ref.upstream_mscale(scale, mscale)
+
+
 FREQUENCY_CASES = {
     # name: (qk_rope_head_dim, max_seq_len, rope_theta, rope_scaling)
     "v3_yarn": (64, V3_MAX_SEQ, 10000.0, V3_SCALING),
@@ -116,6 +124,17 @@ FREQUENCY_CASES = {
     "yarn_high_clamped": (64, 32768, 50.0, dict(V3_SCALING, factor=8, beta_slow=0.05)),
     # low == high == 0: the published +0.001 gives a step ramp (only pair 0 keeps its frequency)
     "yarn_zero_width_ramp": (8, 64, 10000.0, dict(V3_SCALING, factor=4, original_max_position_embeddings=4)),
+    # issue 28: paths the published configurations never reach, each pinned bit for bit to upstream below
+    # (and each failed no test before: mutants utils.yarn_skipped_at_factor_1, utils.yarn_below_original_length)
+    "yarn_factor_1": (64, V3_MAX_SEQ, 10000.0, dict(V3_SCALING, factor=1)),  # the blend still runs in FP32
+    "v3_below_original": (64, 2048, 10000.0, V3_SCALING),  # max_seq_len < original: plain frequencies
+    # both ramp ends clamped at once (low below 0, high past dim - 1)
+    "yarn_both_ends_clamped": (
+        64,
+        4096,
+        10000.0,
+        dict(V3_SCALING, beta_fast=1024, beta_slow=1e-6, original_max_position_embeddings=1024),
+    ),
 }
 
 

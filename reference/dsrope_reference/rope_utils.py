@@ -245,6 +245,13 @@ def upstream_frequencies(dim: int, max_seq_len: int, theta, rope_scaling=None) -
     return freqs
 
 
+def upstream_mscale(scale: float, mscale: float) -> float:
+    """Upstream yarn_get_mscale (DeepSeek-V3's modeling code), its Python-float (FP64) op order."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
 def upstream_table(position_ids: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     """complex64 [B, T, d/2]: Automodel's freqs_cis_from_position_ids (complex format) for integer
     position_ids [B, T], on their device (DeepSeek's torch.outer(arange(seqlen), freqs) is its B = 1)."""
