@@ -56,6 +56,22 @@ def check_x(x, name: str = "x", ranks: dict[int, str] = DSV4_RANKS, even_channel
     return x
 
 
+def check_writable(x: torch.Tensor, name: str = "x") -> None:
+    """x can be written in place: no two of its elements share memory. Sufficient check: with the dims
+    of size > 1 sorted by stride, each stride is at least the extent of the dims inside it (a stride 0,
+    an expanded view, or an overlapping as_strided view fails it)."""
+    dims = sorted((stride, size) for stride, size in zip(x.stride(), x.shape, strict=True) if size > 1)
+    extent = 1
+    for stride, size in dims:
+        if stride < extent:
+            raise ValueError(
+                f"{name}: expected a tensor whose elements do not share memory (to be written in place), "
+                f"got shape {list(x.shape)} with strides {list(x.stride())}"
+            )
+        extent = stride * size
+    return None
+
+
 def check_rotary(rotary, channels: int) -> None:
     if isinstance(rotary, bool) or not isinstance(rotary, int):
         raise TypeError(f"rotary: expected an int, got {type(rotary).__name__}")

@@ -1,9 +1,13 @@
-"""Partial interleaved RoPE (DeepSeek-V4) in one pass, with its conjugate backward.
+"""Partial interleaved RoPE (DeepSeek-V4) in one pass, with its conjugate backward; and its in-place form.
 
 Rows are walked in token-major order, `row = (b*S + s)*H + h`, so the output is written as a
 contiguous [B, S, H, D] buffer while `x` is read through its own strides (no transpose copy).
 The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1); the
 leading D-R channels are copied. Math is FP32 with one rounding at the store.
+
+In place (`apply_partial_rope_triton_`): only the R rotary channels of each row are read and written,
+through x's own strides, with the same arithmetic (the same bits); the leading D-R channels are not
+touched. Out of place a partial rope must move all D channels; in place it moves R of them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import triton.language as tl
 from dsrope._common import (
     check_rotary,
     check_table,
+    check_writable,
     check_x,
     spread_rows,
     tile_config,
@@ -84,6 +89,54 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _rotate_inplace(
+    x, cos, sin, rows, SEQUENCE,
+    HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
+    XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
+    M: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Rotate the trailing ROTARY channels of M rows of x [B, H, S, D] in place.
+
+    A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes); every lane loads its own
+    channel and its pair partner before any store of its row, and rows are disjoint (check_writable),
+    so the writes never meet a value still to be read. The expression is _rotate's, lane for lane.
+    """
+    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
+    row_ok = row < rows
+    h = row % HEADS
+    token = row // HEADS
+    s = token % SEQUENCE
+    b = token // SEQUENCE
+    x_row = x + (b * XB + h * XH + s * XS)[:, None]
+
+    j = tl.arange(0, BLOCK).to(tl.int64)[None, :]  # position inside the rotary slice
+    rot = row_ok[:, None] & (j < ROTARY)
+    second = (j & 1) == 1
+    c = j + (DIM - ROTARY)
+    partner = (j ^ 1) + (DIM - ROTARY)
+    a = tl.load(x_row + c * XD, mask=rot).to(tl.float32)
+    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    k = j // 2
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
+    rotated = a * cs + tl.where(second, p, -p) * sn
+    tl.store(x_row + c * XD, rotated.to(x.dtype.element_ty), mask=rot)
+
+
+def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> None:
+    """Rotate the trailing `rotary` channels of x [B, H, S, D] (checked writable) in place."""
+    batch, heads, seq, dim = x.shape
+    rows = batch * seq * heads
+    if rows == 0 or dim == 0:
+        return
+    config = spread_rows(tile_config(rotary, 1024), rows, x.device)
+    _rotate_inplace[(triton.cdiv(rows, config["M"]),)](
+        x, cos, sin, rows, seq, heads, dim, rotary,
+        *x.stride(), *cos.stride(), *sin.stride(), **config,
+    )  # fmt: skip
 
 
 # --- torch.library ops: what torch.compile sees of a kernel, an opaque call with a fake -----
@@ -166,3 +219,58 @@ def apply_partial_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)
     return _run(x, cos, sin, rotary)
+
+
+# --- in place ------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("dsrope::partial_rope_", mutates_args=("x",), tags=(torch.Tag.needs_exact_strides,))
+def partial_rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> None:
+    """apply_partial_rope_triton_ on checked arguments: x's rotary channels rotated in place."""
+    _launch_inplace(x, cos, sin, rotary)
+
+
+@partial_rope_.register_fake
+def _partial_rope_fake(x, cos, sin, rotary):
+    return None
+
+
+class _PartialRoPEInplace(torch.autograd.Function):
+    """Autograd of the in-place rotation: x is marked dirty (its version moves on, so a tensor autograd
+    saved before the call is refused when used); the backward is _PartialRoPE's, the conjugate rotation
+    of the gradient, which needs only cos and sin."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, rotary):
+        _PartialRoPE.save(ctx, (x, cos, sin, rotary), None)
+        partial_rope_(x, cos, sin, rotary)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        cos, sin = ctx.saved_tensors
+        return partial_rope_backward(grad_output, cos, sin, ctx.rotary), None, None, None
+
+
+def apply_partial_rope_triton_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
+    """Rotate the trailing `rotary` interleaved channels of x [B, H, S, D] in place; return x.
+
+    The rotated channels hold the bits apply_partial_rope_triton gives them; the leading channels are
+    neither read nor written. x may have any strides whose elements do not share memory (stride 0 and
+    overlapping views are refused: an in-place write there would change other elements too); cos, sin
+    as for apply_partial_rope_triton. With autograd, x's gradient is the conjugate rotation of the
+    upstream gradient; a leaf that requires grad is refused, as torch refuses in-place ops on it.
+    """
+    check_x(x, even_channels=True)
+    check_writable(x)
+    check_rotary(rotary, x.shape[-1])
+    check_table("cos", cos, x, rotary)
+    check_table("sin", sin, x, rotary)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _PartialRoPEInplace.apply(x, cos, sin, rotary)
+    if torch.compiler.is_compiling():
+        partial_rope_(x, cos, sin, rotary)
+    else:
+        _launch_inplace(x, cos, sin, rotary)  # eager: the op's dispatch costs host time (docs/perf.md)
+    return x

@@ -217,7 +217,9 @@ def layout_probes(op: str, device) -> list[Inputs]:
         x = materialize(x.to(device), Layout(**spec.get("x", dict(order=(0, 2, 1, 3)))))
         grad = materialize(grad.to(device), Layout(**spec.get("grad", {})))
         recipe = f"layout probe {klass!r}: randn seed {300 + i}, tables seed {400 + i}"
-        out.append(_case(f"layout: {klass}", "layout", klass, x, cos, sin, grad, r, 1e-6, recipe))
+        probe = _case(f"layout: {klass}", "layout", klass, x, cos, sin, grad, r, 1e-6, recipe)
+        probe.evidence = not spec.get("nonfinite")  # edge values: the verdict only
+        out.append(probe)
     return out
 
 

@@ -1,0 +1,152 @@
+"""apply_partial_rope_triton_: partial RoPE in place (issue 27).
+
+Error model: the rotary channels hold exactly the bits apply_partial_rope_triton gives them (the same
+expression, lane for lane), which the reference's model (dsrope_reference.rope) holds to its interval;
+every other byte of x's storage (the leading channels, the NaN-poisoned gaps of strided layouts, a
+guard past the end) is left as it was, bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dsrope_reference.rope import partial_rope
+from hypothesis import given, note
+
+from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_
+from dsrope.rope import partial_rope_
+from dsrope_gate.inputs import DEVICE, DTYPES, bits, laid_out, tables, values
+from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
+from dsrope_gate.strategies import cases
+
+LAYOUTS = {
+    "token_major": TOKEN_MAJOR,
+    "contiguous": Layout(),
+    "channels_outer": Layout(order=(3, 0, 1, 2)),
+    "stepped_offset_guard": Layout(order=(0, 2, 1, 3), step=(1, 2, 3, 1), pad=(1, 0, 2, 3), offset=5, guard=200),
+}
+
+
+def storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu().clone()
+
+
+def rotary_byte_mask(x: torch.Tensor, rotary: int) -> torch.Tensor:
+    """True on the bytes of x's storage that hold its rotary channels (the only bytes it may write)."""
+    n = x.untyped_storage().nbytes() // x.element_size()
+    index = torch.arange(n).as_strided(x.shape, x.stride(), x.storage_offset())
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[index[..., x.shape[-1] - rotary :].reshape(-1)] = True
+    return mask.repeat_interleave(x.element_size())
+
+
+def check_in_place(x: torch.Tensor, cos, sin, rotary: int) -> None:
+    """Run the in-place rotation on x and hold it to the out-of-place kernel, the model and the bytes."""
+    want = apply_partial_rope_triton(x, cos, sin, rotary)
+    model = partial_rope(x, cos, sin, rotary)
+    before = storage_bytes(x)
+    returned = apply_partial_rope_triton_(x, cos, sin, rotary)
+    assert returned is x
+    assert torch.equal(bits(x), bits(want)), f"rotary bits differ from the out-of-place kernel: {layout_of(x)}"
+    check = model.judge(x)
+    assert check.violations == 0, f"{layout_of(x)}: {check}"
+    untouched = ~rotary_byte_mask(x, rotary)
+    assert torch.equal(storage_bytes(x)[untouched], before[untouched]), (
+        f"wrote outside the rotary channels: {layout_of(x)}"
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_same_bits_as_out_of_place_and_nothing_else_written(dtype, name):
+    x = laid_out((2, 3, 5, 96), dtype, LAYOUTS[name], seed=1)
+    cos, sin = tables(2, 5, 32, seed=2)
+    check_in_place(x, cos, sin, 32)
+
+
+@pytest.mark.parametrize("dim,rotary", [(64, 64), (34, 2), (96, 6), (130, 24), (512, 64)])
+def test_geometry(dim, rotary):
+    """R = D, R = 2, R/2 odd, R not a power of two (masked lanes), the DSV4 head."""
+    x = laid_out((1, 2, 3, dim), torch.bfloat16, Layout(order=(0, 2, 1, 3), guard=dim), seed=dim)
+    cos, sin = tables(1, 3, rotary, seed=rotary)
+    check_in_place(x, cos, sin, rotary)
+
+
+@given(cases("rope"))
+def test_layouts_property(case):
+    """Any drawn layout of x (no stride 0: x is written), drawn tables and values."""
+    x, cos, sin, _ = case.build(DEVICE)
+    note(f"x: {layout_of(x)}")
+    check_in_place(x, cos, sin, case.rotary)
+
+
+def test_decode_shape_and_empty():
+    cos, sin = tables(64, 1, 64, seed=3)
+    check_in_place(laid_out((64, 8, 1, 512), torch.bfloat16, TOKEN_MAJOR, seed=4), cos, sin, 64)
+    empty = torch.empty(2, 3, 0, 96, dtype=torch.bfloat16, device=DEVICE)
+    cos, sin = tables(2, 0, 32)
+    assert apply_partial_rope_triton_(empty, cos, sin, 32) is empty
+
+
+def refused():
+    x = laid_out((2, 3, 4, 16), torch.bfloat16, TOKEN_MAJOR)
+    cos, sin = tables(2, 4, 8)
+    base = torch.zeros(64, dtype=torch.bfloat16, device=DEVICE)
+    yield "stride0", (x[:1].expand(2, 3, 4, 16), cos, sin, 8), ValueError, "do not share memory"
+    yield "overlap", (base.as_strided((2, 3, 4, 16), (0, 8, 4, 1)), cos, sin, 8), ValueError, "do not share memory"
+    yield "odd_rotary", (x, cos, sin, 7), ValueError, "rotary"
+    yield "rank", (x[0], cos, sin, 8), ValueError, "rank 4"
+    yield "table_shape", (x, cos[:, :2], sin, 8), ValueError, "cos"
+    yield "int_dtype", (x.to(torch.int32), cos, sin, 8), TypeError, "dtype"
+
+
+@pytest.mark.parametrize("name,args,error,words", list(refused()), ids=[c[0] for c in refused()])
+def test_refused_before_launch(name, args, error, words):
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(error, match=words):
+        apply_partial_rope_triton_(*args)
+    assert all(not isinstance(a, torch.Tensor) or torch.equal(bits(a), bits(b)) for a, b in zip(args, before, strict=True))
+
+
+def test_leaf_requiring_grad_is_refused_as_torch_refuses_it():
+    x = laid_out((1, 2, 3, 16), torch.float32, TOKEN_MAJOR).requires_grad_()
+    cos, sin = tables(1, 3, 8)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        apply_partial_rope_triton_(x, cos, sin, 8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gradient_is_the_out_of_place_kernels(dtype):
+    """x computed from a parameter: the gradient through the in-place call equals the out-of-place one's."""
+    w = laid_out((2, 3, 4, 32), dtype, TOKEN_MAJOR, seed=5).requires_grad_()
+    cos, sin = tables(2, 4, 16, seed=6)
+    grad = values((2, 3, 4, 32), dtype, seed=7).to(DEVICE)
+    out = apply_partial_rope_triton_(w * 1, cos, sin, 16)
+    (dw,) = torch.autograd.grad(out, w, grad)
+    (want,) = torch.autograd.grad(apply_partial_rope_triton(w, cos, sin, 16), w, grad)
+    assert torch.equal(bits(dw), bits(want))
+
+
+def test_a_tensor_saved_for_backward_cannot_be_rotated_silently():
+    """mark_dirty: x's version moves on, so a backward that saved x before the rotation refuses to run
+    (without it the raw Triton write would leave autograd a changed tensor and a wrong gradient)."""
+    w = laid_out((1, 2, 3, 16), torch.float32, TOKEN_MAJOR, seed=8).requires_grad_()
+    x = w * 1
+    saved = x.sin()  # sin saves its input x
+    cos, sin = tables(1, 3, 8, seed=9)
+    apply_partial_rope_triton_(x, cos, sin, 8)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
+def test_op_and_compiled_call():
+    """The op's schema, fake and mutation annotation (opcheck), and torch.compile(fullgraph=True): the
+    compiled in-place call gives the eager bits (aot_eager on CPU; the real op on any device)."""
+    x = laid_out((2, 3, 4, 32), torch.bfloat16, TOKEN_MAJOR, seed=10)
+    cos, sin = tables(2, 4, 16, seed=11)
+    torch.library.opcheck(partial_rope_, (x.clone(), cos, sin, 16))
+    want = apply_partial_rope_triton_(x.clone(), cos, sin, 16)
+    compiled = torch.compile(apply_partial_rope_triton_, fullgraph=True, backend="aot_eager")
+    y = materialize(values((2, 3, 4, 32), torch.bfloat16, seed=10).to(DEVICE), TOKEN_MAJOR)
+    compiled(y, cos, sin, 16)
+    assert torch.equal(bits(y), bits(want))
