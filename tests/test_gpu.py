@@ -14,7 +14,7 @@ import torch
 from dsrope_reference import qnorm_rope as qnorm_model
 from dsrope_reference.rope import partial_rope
 
-from dsrope import apply_partial_rope_triton, qnorm_rope_triton
+from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton
 from dsrope_gate.inputs import DEVICE, bits, tables
 
 pytestmark = pytest.mark.gpu
@@ -83,6 +83,21 @@ def test_partial_rope_past_2_31_elements(layout):
     fwd = partial_rope(ends(x.detach()), cs, ss, ROTARY).judge(ends(out))
     bwd = partial_rope(ends(g), cs, ss, ROTARY, inverse=True).judge(ends(dx))
     assert fwd.violations == 0 and bwd.violations == 0, f"{fwd}\n{bwd}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["token_major", "head_major"])
+def test_partial_rope_in_place_past_2_31_elements(layout):
+    """In place: the rows past 2**31 elements hold the out-of-place kernel's bits, the leading channels
+    their own."""
+    x = large_inputs(6, layout)
+    cos, sin = tables(1, LARGE[2], ROTARY, seed=7)
+    before = ends(x).clone()
+    want = partial_rope(before, ends(cos[:, None]).squeeze(1), ends(sin[:, None]).squeeze(1), ROTARY)
+    apply_partial_rope_triton_(x, cos, sin, ROTARY)
+    check = want.judge(ends(x))
+    assert check.violations == 0, check
+    assert torch.equal(bits(ends(x)[..., :-ROTARY]), bits(before[..., :-ROTARY]))
 
 
 @pytest.mark.parametrize("kernel", ["qnorm_rope", "partial_rope"])

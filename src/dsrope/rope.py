@@ -102,28 +102,28 @@ def _rotate_inplace(
 
     A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes); every lane loads its own
     channel and its pair partner before any store of its row, and rows are disjoint (check_writable),
-    so the writes never meet a value still to be read. The expression is _rotate's, lane for lane.
+    so no write meets a value still to be read. The arithmetic is _rotate's, operation for operation
+    (the same bits); the names differ so that each mutant of the catalog edits one kernel.
     """
-    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    row_ok = row < rows
-    h = row % HEADS
-    token = row // HEADS
-    s = token % SEQUENCE
-    b = token // SEQUENCE
-    x_row = x + (b * XB + h * XH + s * XS)[:, None]
+    first_row = tl.program_id(0).to(tl.int64) * M  # int64: offsets pass 2**31 on large tensors
+    row = first_row + tl.arange(0, M)
+    head = row % HEADS
+    position = (row // HEADS) % SEQUENCE
+    batch = row // (HEADS * SEQUENCE)
+    x_row = x + (batch * XB + position * XS + head * XH)[:, None]
 
-    j = tl.arange(0, BLOCK).to(tl.int64)[None, :]  # position inside the rotary slice
-    rot = row_ok[:, None] & (j < ROTARY)
-    second = (j & 1) == 1
-    c = j + (DIM - ROTARY)
-    partner = (j ^ 1) + (DIM - ROTARY)
-    a = tl.load(x_row + c * XD, mask=rot).to(tl.float32)
-    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
-    k = j // 2
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
-    rotated = a * cs + tl.where(second, p, -p) * sn
-    tl.store(x_row + c * XD, rotated.to(x.dtype.element_ty), mask=rot)
+    lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]  # position inside the rotary slice
+    lane_ok = (row < rows)[:, None] & (lane < ROTARY)
+    odd = (lane & 1) == 1  # second channel of its pair
+    own_channel = lane + (DIM - ROTARY)
+    mate_channel = (lane ^ 1) + (DIM - ROTARY)
+    own = tl.load(x_row + own_channel * XD, mask=lane_ok).to(tl.float32)
+    mate = tl.load(x_row + mate_channel * XD, mask=lane_ok).to(tl.float32)
+    pair = lane // 2
+    cs = tl.load(cos + (position * CS + batch * CB)[:, None] + pair * CD, mask=lane_ok)
+    sn = tl.load(sin + (position * SS + batch * SB)[:, None] + pair * SD, mask=lane_ok)
+    rotated = own * cs + tl.where(odd, mate, -mate) * sn
+    tl.store(x_row + own_channel * XD, rotated.to(x.dtype.element_ty), mask=lane_ok)
 
 
 def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> None:
@@ -135,7 +135,8 @@ def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotar
     config = spread_rows(tile_config(rotary, 1024), rows, x.device)
     _rotate_inplace[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), **config,
+        *x.stride(),
+        *cos.stride(), *sin.stride(), **config,
     )  # fmt: skip
 
 
@@ -247,10 +248,7 @@ class _PartialRoPEInplace(torch.autograd.Function):
         ctx.mark_dirty(x)
         return x
 
-    @staticmethod
-    def backward(ctx, grad_output):
-        cos, sin = ctx.saved_tensors
-        return partial_rope_backward(grad_output, cos, sin, ctx.rotary), None, None, None
+    backward = staticmethod(_PartialRoPE.backward_op)
 
 
 def apply_partial_rope_triton_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:

@@ -272,4 +272,63 @@ MUTANTS = [
         ("row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)", "row = tl.program_id(0) * M + tl.arange(0, M)"),
         gpu_only=True,
     ),
+    # in place (issue 27): _rotate_inplace, _launch_inplace, _PartialRoPEInplace, apply_partial_rope_triton_
+    mutant(
+        "rope.inplace_leading_channels",
+        ROPE,
+        "in place: rotates the leading R channels instead of the trailing ones",
+        ("own_channel = lane + (DIM - ROTARY)", "own_channel = lane"),
+        ("mate_channel = (lane ^ 1) + (DIM - ROTARY)", "mate_channel = lane ^ 1"),
+    ),
+    mutant(
+        "rope.inplace_lane_mask_dropped",
+        ROPE,
+        "in place: no lane < ROTARY mask: with R not a power of two the padded lanes write past the row's channels",
+        ("lane_ok = (row < rows)[:, None] & (lane < ROTARY)", "lane_ok = (row < rows)[:, None] & (lane < BLOCK)"),
+    ),
+    mutant(
+        "rope.inplace_partner_is_self",
+        ROPE,
+        "in place: each lane's pair partner is itself",
+        ("mate_channel = (lane ^ 1) + (DIM - ROTARY)", "mate_channel = lane + (DIM - ROTARY)"),
+    ),
+    mutant(
+        "rope.inplace_sign_on_wrong_lane",
+        ROPE,
+        "in place: the partner's sign on the other lane (rotation by the conjugate angle)",
+        ("tl.where(odd, mate, -mate)", "tl.where(odd, -mate, mate)"),
+    ),
+    mutant(
+        "rope.inplace_table_batch_stride_ignored",
+        ROPE,
+        "in place: cos/sin read without their batch stride (right only for an expanded table)",
+        ("(position * CS + batch * CB)[:, None]", "(position * CS)[:, None]"),
+        ("(position * SS + batch * SB)[:, None]", "(position * SS)[:, None]"),
+    ),
+    mutant(
+        "rope.inplace_channel_stride_ignored",
+        ROPE,
+        "in place: the store assumes channel stride 1",
+        ("tl.store(x_row + own_channel * XD,", "tl.store(x_row + own_channel,"),
+    ),
+    mutant(
+        "rope.inplace_not_marked_dirty",
+        ROPE,
+        "in place: x not marked dirty: a tensor autograd saved before the call is used changed, silently",
+        ("        ctx.mark_dirty(x)\n", ""),
+    ),
+    mutant(
+        "rope.inplace_overlap_not_checked",
+        ROPE,
+        "in place: stride-0 and overlapping x accepted (a write changes other elements too)",
+        ("    check_x(x, even_channels=True)\n    check_writable(x)\n", "    check_x(x, even_channels=True)\n"),
+    ),
+    mutant(
+        "rope.inplace_int32_offsets",
+        ROPE,
+        "in place: 32-bit row offsets (wrap past 2**31 elements)",
+        ("first_row = tl.program_id(0).to(tl.int64) * M", "first_row = tl.program_id(0) * M"),
+        ("lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]", "lane = tl.arange(0, BLOCK)[None, :]"),
+        gpu_only=True,
+    ),
 ]

@@ -63,7 +63,7 @@ CATALOG = catalog_rope.MUTANTS + catalog_qnorm_rope.MUTANTS + catalog_common.MUT
 
 # Test files that exercise each source file: run first, so a mutant dies early.
 HOME = {
-    ROPE: ("test_rope.py", "test_custom_ops.py"),
+    ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
     QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
     UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
     COMMON: ("test_qnorm_rope.py",),  # swap_pairs, pair_table: QNorm backward only; token_major_empty: all
