@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
 TRITON_SAMPLES = 3
@@ -150,11 +150,18 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one shape per table, for a smoke run")
     ap.add_argument("--decode", action="store_true", help="only the decode rows (S=1)")
     ap.add_argument("--impls", default="triton,eager,compile")
+    ap.add_argument("--inplace", action="store_true", help="only the in-place partial RoPE rows (and --peers')")
+    ap.add_argument("--peers", action="store_true", help="also time every preset that runs on CUDA (in-place table)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     versions = f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}"
+    if args.inplace or args.peers:
+        peers = peer_impls() if args.peers else {}
+        inplace(out, [(1, 64, 4096)] if args.quick else SHAPES, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES,
+                versions, peers)  # fmt: skip
+        return
     if not args.decode:
         prefill(out, args.impls.split(","), [(1, 64, 4096)] if args.quick else SHAPES, versions)
     decode(out, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES, versions)
@@ -299,6 +306,89 @@ def decode(out, shapes, versions):
         f"decode: ours / torch.compile per call at most {max(r['ours_vs_compile'] for r in rows):.2f} (target <= 1); "
         f"ours / copy_ under graph replay at most {max(r['ours_vs_copy_graph'] for r in rows):.2f} (target <= 1.5)"
     )
+
+
+# --- partial RoPE in place beside out of place (issue 27), and the peers (issue 26) --------------------
+
+
+def peer_impls() -> dict:
+    """name -> (op, callable with our signature, bytes kind) for each preset that loads here (CUDA)."""
+    from dsrope_gate import presets
+
+    found = {}
+    for name, op, fn in presets.load(["all"], "cuda", None, lambda msg: print(msg, flush=True)):
+        if name.split(":")[0] in ("dsrope", "eager-chain"):
+            continue  # the controls: ours and the eager chain have their own columns
+        found[name] = (op, fn)
+    return found
+
+
+def inplace_bytes(b, h, s, moved_channels):
+    """Bytes a partial RoPE must move: read and write `moved_channels` per row (bf16), and the tables."""
+    return 2 * b * h * s * moved_channels * 2 + 2 * s * (R // 2) * 4
+
+
+def inplace(out, shapes, decode_shapes, versions, peers):
+    """Forward rows (no gradient) of partial RoPE: ours out of place (moves D channels per row), ours in
+    place (moves R), and each peer on its preferred layout; GB/s and share of copy on each one's bytes."""
+    copy = copy_bandwidth()
+    meta = f"{versions}, copy bandwidth {copy / 1e9:.0f} GB/s (read+write); forward, no gradient"
+    print(meta, flush=True)
+    rows = []
+    impls = {
+        "dsrope out of place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton(x, c, s, R), D),
+        "dsrope in place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton_(x, c, s, R), R),
+    }
+    for name, (op, fn) in peers.items():
+        if op == "partial_rope":
+            moved = R if "inplace" in name or "flash-attn" in name or "sglang" in name else D
+            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), moved)
+    with torch.no_grad():
+        for b, h, s in shapes:
+            for layout in ("token_major", "head_major"):
+                x, cos, sin = make_inputs(b, h, s, layout)
+                for name, (_, fn, moved) in impls.items():
+                    try:
+                        call = functools.partial(fn, x, cos, sin)
+                        ms = statistics.median(do_bench(call, warmup=25, rep=100, return_mode="all"))
+                    except Exception as e:  # a peer that refuses a layout: a row saying so
+                        print(f"{name} {b}x{h}x{s} {layout}: {type(e).__name__}: {e}"[:300], flush=True)
+                        ms = float("nan")
+                    nbytes = inplace_bytes(b, h, s, moved)
+                    gbs = nbytes / (ms * 1e-3) / 1e9
+                    row = dict(impl=name, B=b, H=h, S=s, layout=layout, ms=ms, bytes=nbytes, GBps=gbs,
+                               copy_fraction=gbs * 1e9 / copy)  # fmt: skip
+                    rows.append(row)
+                    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+                del x, cos, sin
+                torch.cuda.empty_cache()
+        decode_rows = []
+        for b, h in decode_shapes:
+            x, cos, sin = decode_inputs(b, h)
+            for name, (_, fn, _moved) in impls.items():
+                try:
+                    call = functools.partial(fn, x, cos, sin)
+                    call()
+                    row = dict(impl=name, B=b, H=h, S=1, us=per_call_us(call), graph_us=per_replayed_call_us(call))
+                except Exception as e:
+                    print(f"{name} decode {b}x{h}: {type(e).__name__}: {e}"[:300], flush=True)
+                    row = dict(impl=name, B=b, H=h, S=1, us=float("nan"), graph_us=float("nan"))
+                decode_rows.append(row)
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    write_csv(out / "inplace.csv", rows)
+    write_csv(out / "inplace_decode.csv", decode_rows)
+    lines = [f"Measured {meta}.", "", "| impl | B | H | S | layout | ms | bytes moved | GB/s | of copy |"]
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lines.append(
+            f"| {r['impl']} | {r['B']} | {r['H']} | {r['S']} | {r['layout']} | {r['ms']:.4f} | {r['bytes']} | "
+            f"{r['GBps']:.0f} | {r['copy_fraction']:.1%} |"
+        )
+    lines += ["", "Decode (S=1, token-major x, per-call wall time in us; graph: under CUDA graph replay):", ""]
+    lines += ["| impl | B | H | us | graph us |", "|---|---|---|---|---|"]
+    for r in decode_rows:
+        lines.append(f"| {r['impl']} | {r['B']} | {r['H']} | {r['us']:.2f} | {r['graph_us']:.2f} |")
+    (out / "inplace.md").write_text("\n".join(lines) + "\n")
 
 
 def write_csv(path, rows):
