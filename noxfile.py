@@ -86,6 +86,8 @@ def tests(session: nox.Session, triton: str) -> None:
     each triton of TRITONS (`nox -s tests` runs both; `nox -s "tests(triton='3.9.0')"` one)."""
     install_cpu(session)
     session.install(f"triton=={triton}")
+    # the peers whose pinned releases run on CPU (tests/test_presets.py; transformers is in the test extra)
+    session.install("--no-deps", "sglang==0.5.23", "nemo-automodel==0.7.0")
     junit = Path(session.create_tmp()) / "junit.xml"
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", *pytest_args(session, junit, "auto"), env=env)

@@ -633,6 +633,12 @@ def run(
     import torch
     import triton
 
+    if device == "cpu":
+        # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
+        # does; Triton's interpreter alone truncates
+        from dsrope._common import install_interpreter_rounding
+
+        install_interpreter_rounding()
     cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
     results = []
     other = None
@@ -682,11 +688,6 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before any Triton code is imported
     elif not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device is visible")
-    if device == "cpu":
-        from dsrope._common import install_interpreter_rounding
-
-        install_interpreter_rounding()  # round fp32 -> bf16 to nearest even, as a GPU does
-
     start = time.time()
 
     def progress(msg):

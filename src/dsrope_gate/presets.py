@@ -1,0 +1,352 @@
+"""Presets: the DeepSeek-V4 rope code the field runs, each behind an adapter with the contract's
+signature, for the conformance command (`--preset NAME`) and the benchmark (`--peers`).
+
+Every adapter imports the real code of a pinned release (never a copy of it) and maps our convention
+onto theirs: x [B, H, S, D] of any strides, cos/sin FP32 [B, S, R] whose first R/2 entries are the pairs'
+(theirs take R/2-entry, complex, batch-less or duplicated tables), the trailing R channels rotated as
+interleaved pairs. Their math is never changed: where their function is in place it runs on a copy of x
+in token-major storage and the copy is returned; where it has no backward of its own the result carries
+no grad_fn (the command then reports the forward only).
+
+Where a package cannot be imported whole without its heavy runtime, the adapter loads its one module:
+sglang (a serving runtime) from the installed distribution's file, flash-attn (an sdist that builds a
+CUDA extension) from the release's archive, extracted at first use into a cache outside the repository
+(DSROPE_PEERS_CACHE, default ~/.cache/dsrope/peers). A preset whose package is missing is skipped with
+the command that installs it.
+
+    python -m dsrope_gate.presets fetch [DIR]    # the pinned wheels and the flash-attn module into DIR
+                                                 # (default .whl/peers), for an offline GPU host
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+PINS = {
+    "transformers": "transformers==5.17.0",
+    "veomni": "veomni==0.1.12",
+    "sglang": "sglang==0.5.23",
+    "nemo-automodel": "nemo-automodel==0.7.0",
+    "flash-attn": "flash-attn==2.8.3",
+}
+CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
+
+
+class Missing(Exception):
+    """A preset's package is not installed: the message says how to install it."""
+
+
+def _require(name: str) -> None:
+    pin = PINS[name]
+    try:
+        version = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        raise Missing(f"{name} is not installed: `pip install --no-deps {pin}`") from None
+    if version != pin.split("==")[1]:
+        raise Missing(f"{name} {version} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
+
+
+def _module_from_file(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _half(t):
+    """Our [B, S, R] table's pair entries [B, S, R/2]."""
+    return t[..., : t.shape[-1] // 2]
+
+
+def _token_major_copy(x):
+    """A copy of x (always new storage) in token-major layout, as its contiguous [B, S, H, D] view."""
+    import torch
+
+    return x.detach().transpose(1, 2).clone(memory_format=torch.contiguous_format)
+
+
+# --- controls ------------------------------------------------------------------------------------------
+
+
+def dsrope_preset():
+    import torch
+
+    import dsrope
+
+    def in_place_on_copy(x, cos, sin, rotary):
+        """apply_partial_rope_triton_ on a token-major copy of x (autograd carries the gradient to x)."""
+        y = x.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
+        return dsrope.apply_partial_rope_triton_(y, cos, sin, rotary)
+
+    return [
+        ("dsrope:qnorm_rope_triton", "qnorm_rope", dsrope.qnorm_rope_triton),
+        ("dsrope:apply_partial_rope_triton", "partial_rope", dsrope.apply_partial_rope_triton),
+        ("dsrope:apply_partial_rope_triton_", "partial_rope", in_place_on_copy),
+    ]
+
+
+def eager_chain_preset():
+    from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope
+
+    return [
+        ("eager-chain:F.rms_norm+fp32-rotation", "qnorm_rope", eager_qnorm_rope),
+        ("eager-chain:fp32-rotation", "partial_rope", eager_partial_rope),
+    ]
+
+
+# --- transformers: models/deepseek_v4 (eager) --------------------------------------------------------------
+
+
+def transformers_preset():
+    """apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1) takes R/2-entry tables [B, S, R/2] and rotates the
+    trailing 2 * (R/2) channels (pairs 2k, 2k+1 by repeat_interleave and their rotate_half) in FP32;
+    DeepseekV4UnweightedRMSNorm(eps) is their Q norm. Our FP32 tables' pair entries are passed as they are."""
+    _require("transformers")
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    def rotate(x, cos, sin, rotary):
+        return m.apply_rotary_pos_emb(x, _half(cos), _half(sin), unsqueeze_dim=1)
+
+    def qnorm_rotate(x, cos, sin, rotary, eps):
+        return m.apply_rotary_pos_emb(m.DeepseekV4UnweightedRMSNorm(eps)(x), _half(cos), _half(sin), unsqueeze_dim=1)
+
+    return [
+        ("transformers:apply_rotary_pos_emb", "partial_rope", rotate),
+        ("transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb", "qnorm_rope", qnorm_rotate),
+    ]
+
+
+# --- veomni: ops/kernels/rotary/triton_deepseek_v4.py (Triton, with backward) --------------------------------
+
+
+def veomni_preset():
+    """apply_rotary_pos_emb_triton(x [B, H, S, D], cos, sin [B, S, R/2]): their autograd Function around
+    their Triton kernel. Its public guard sends CPU tensors to transformers' eager function, so the adapter
+    calls the Function the guard calls on CUDA (on CPU: their kernel in Triton's interpreter)."""
+    _require("veomni")
+    module = importlib.import_module("veomni.ops.kernels.rotary.triton_deepseek_v4")
+
+    def rotate(x, cos, sin, rotary):
+        if x.is_cuda:
+            return module.apply_rotary_pos_emb_triton(x, _half(cos), _half(sin), unsqueeze_dim=1)
+        return module._ApplyRotaryPosEmbTriton.apply(x, _half(cos), _half(sin))
+
+    return [("veomni:apply_rotary_pos_emb_triton", "partial_rope", rotate)]
+
+
+# --- sglang: kernels/ops/attention/dsv4/rope.py (Triton, in place, forward only) -------------------------------
+
+
+SGLANG_MODULE = "sglang/kernels/ops/attention/dsv4/rope.py"
+
+
+def _sglang_module():
+    """From the installed distribution; else the same file of the release carried to an offline host
+    (`fetch` puts it under CACHE/sglang-0.5.23/)."""
+    carried = CACHE / "sglang-0.5.23" / SGLANG_MODULE
+    try:
+        _require("sglang")
+        path = Path(importlib.metadata.distribution("sglang").locate_file(SGLANG_MODULE))
+    except Missing:
+        if not carried.is_file():
+            raise
+        path = carried
+    return _module_from_file("_dsrope_peer_sglang_dsv4_rope", path)
+
+
+def _complex_rows(cos, sin):
+    """Our tables as sglang's complex64 freqs_cis, one row per token (b, s): [B*S, R/2]."""
+    import torch
+
+    return torch.complex(_half(cos).float(), _half(sin).float()).reshape(-1, cos.shape[-1] // 2)
+
+
+def sglang_preset():
+    """The one module, loaded from the installed distribution (importing sglang whole starts its serving
+    runtime). apply_rotary_emb_triton(x [M, H, R], freqs_cis [M, R/2]) rotates in place: it gets the rotary
+    slice of a token-major copy of x, M = B*S tokens. fused_norm_rope_inplace_triton(kv [M, D], None, eps,
+    freqs_cis, positions) normalizes (no weight) and rotates the last R channels in place: it gets a
+    token-major copy of x as B*S*H rows, with each row's token as its position in the [B*S, R/2] table.
+    Both are forward only: the results carry no grad_fn."""
+    import torch
+
+    module = _sglang_module()
+
+    def rotate(x, cos, sin, rotary):
+        b, h, s, d = x.shape
+        y = _token_major_copy(x)  # [B, S, H, D]
+        module.apply_rotary_emb_triton(y.view(b * s, h, d)[..., d - rotary :], _complex_rows(cos, sin))
+        return y.transpose(1, 2)
+
+    def qnorm_rotate(x, cos, sin, rotary, eps):
+        b, h, s, d = x.shape
+        y = _token_major_copy(x)
+        positions = torch.arange(b * s, device=x.device).repeat_interleave(h)
+        module.fused_norm_rope_inplace_triton(y.view(-1, d), None, eps, _complex_rows(cos, sin), positions)
+        return y.transpose(1, 2)
+
+    return [
+        ("sglang:apply_rotary_emb_triton", "partial_rope", rotate),
+        ("sglang:fused_norm_rope_inplace_triton", "qnorm_rope", qnorm_rotate),
+    ]
+
+
+# --- nemo-automodel: common/rope_triton.py and the DeepSeek-V4 eager q path -----------------------------------
+
+
+def nemo_preset():
+    """apply_complex_rope(values [B, S, H, D], frequencies complex64 [B, S, R/2]) rotates the trailing
+    2 * (R/2) channels (Triton on CUDA; its own eager path elsewhere, as its public function decides); it
+    gets x's [B, S, H, D] view and our tables as cos + i sin. The DeepSeek-V4 q path of
+    deepseek_v4/layers.py: _rms_norm_last_dim(q, eps) then _apply_partial_rope(q, cos, sin, R), the two
+    functions its attention calls, with our [B, S, R] tables (it reads their first R/2 entries)."""
+    _require("nemo-automodel")
+    import torch
+
+    rope = importlib.import_module("nemo_automodel.components.models.common.rope_triton")
+    layers = importlib.import_module("nemo_automodel.components.models.deepseek_v4.layers")
+
+    def rotate(x, cos, sin, rotary):
+        frequencies = torch.complex(_half(cos).float(), _half(sin).float())
+        return rope.apply_complex_rope(x.transpose(1, 2), frequencies).transpose(1, 2)
+
+    def qnorm_rotate(x, cos, sin, rotary, eps):
+        return layers._apply_partial_rope(layers._rms_norm_last_dim(x, eps), cos, sin, rotary)
+
+    return [
+        ("nemo-automodel:apply_complex_rope", "partial_rope", rotate),
+        ("nemo-automodel:deepseek_v4.q_norm+_apply_partial_rope", "qnorm_rope", qnorm_rotate),
+    ]
+
+
+# --- flash-attn: ops/triton/rotary.py apply_rotary (Triton, in place, leading channels) -------------------------
+
+
+def _flash_attn_module():
+    path = CACHE / "flash-attn-2.8.3" / "rotary.py"
+    if not path.is_file():
+        fetch_flash_attn(CACHE)
+    if not path.is_file():
+        raise Missing(f"flash-attn 2.8.3's rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
+    return _module_from_file("_dsrope_peer_flash_attn_rotary", path)
+
+
+def flash_attn_preset():
+    """apply_rotary(x [B, S, H, hd], cos, sin [S, R/2], interleaved=True, inplace=True) rotates the leading
+    2 * (R/2) channels of x (hd <= 256) with one table for the batch: it gets the trailing R channels of a
+    token-major copy of x as its x (hd = R), and our tables' pair entries of each batch (one call per batch
+    when the batch's tables differ; one call when they are one table, stride 0). The backward is the same
+    function with conjugate=True on the gradient (a Function of the adapter's, their kernel both ways)."""
+    import torch
+
+    module = _flash_attn_module()
+
+    def launch(y, cos, sin, rotary, conjugate):
+        d = y.shape[-1]
+        slice_ = y[..., d - rotary :]  # [B, S, H, R]
+        c, s = _half(cos), _half(sin)
+        if c.stride(0) == 0 or c.shape[0] == 1:
+            module.apply_rotary(slice_, c[0], s[0], interleaved=True, inplace=True, conjugate=conjugate)
+        else:
+            for b in range(y.shape[0]):
+                module.apply_rotary(slice_[b : b + 1], c[b], s[b], interleaved=True, inplace=True, conjugate=conjugate)
+        return y
+
+    class Rotary(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cos, sin, rotary):
+            ctx.save_for_backward(cos, sin)
+            ctx.rotary = rotary
+            return launch(_token_major_copy(x), cos, sin, rotary, False).transpose(1, 2)
+
+        @staticmethod
+        def backward(ctx, grad):
+            cos, sin = ctx.saved_tensors
+            return launch(_token_major_copy(grad), cos, sin, ctx.rotary, True).transpose(1, 2), None, None, None
+
+    def rotate(x, cos, sin, rotary):
+        return Rotary.apply(x, cos, sin, rotary)
+
+    return [("flash-attn:apply_rotary", "partial_rope", rotate)]
+
+
+def fetch_flash_attn(cache: Path) -> None:
+    """The release's sdist from the package index, and its one Triton module extracted into the cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, FLASH_ATTENTION_SKIP_CUDA_BUILD="TRUE")  # its setup.py: metadata without nvcc
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:"]
+        cmd += ["--no-build-isolation", "-d", tmp, PINS["flash-attn"]]
+        if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+            return
+        archive = next(Path(tmp).glob("flash_attn-2.8.3.tar.gz"), None)
+        if archive is None:
+            return
+        with tarfile.open(archive) as tar:
+            member = tar.getmember("flash_attn-2.8.3/flash_attn/ops/triton/rotary.py")
+            data = tar.extractfile(member).read()
+    target = cache / "flash-attn-2.8.3" / "rotary.py"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+# --- the registry --------------------------------------------------------------------------------------------
+
+PRESETS = {
+    "dsrope": dsrope_preset,
+    "eager-chain": eager_chain_preset,
+    "transformers": transformers_preset,
+    "veomni": veomni_preset,
+    "sglang": sglang_preset,
+    "nemo-automodel": nemo_preset,
+    "flash-attn": flash_attn_preset,
+}
+
+
+def load(names, device: str, ops=None, progress=print) -> list[tuple[str, str, object]]:
+    """(result name, op, callable) of each named preset ('all': every one) for `ops` (None: both); a preset
+    that cannot load is skipped with its reason."""
+    chosen = list(PRESETS) if "all" in names else list(dict.fromkeys(names))
+    unknown = [n for n in chosen if n not in PRESETS]
+    if unknown:
+        raise ValueError(f"--preset: unknown {unknown}; known: {', '.join(PRESETS)} or all")
+    found = []
+    for name in chosen:
+        try:
+            entries = PRESETS[name]()
+        except Missing as e:
+            progress(f"preset {name} skipped: {e}")
+            continue
+        except Exception as e:  # a peer release that no longer imports: say so, judge the others
+            progress(f"preset {name} skipped: it does not load ({type(e).__name__}: {e})")
+            continue
+        found += [(n, op, fn) for n, op, fn in entries if ops is None or op in ops]
+    return found
+
+
+def fetch(folder: Path) -> None:
+    """The pinned releases as files for an offline GPU host: the wheels of veomni and nemo-automodel, the
+    one sglang module and flash-attn's rotary.py (transformers 5.17.0 is on the H200 already)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("veomni", "nemo-automodel"):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), PINS[name]])
+    sglang = folder / "sglang-0.5.23" / SGLANG_MODULE
+    sglang.parent.mkdir(parents=True, exist_ok=True)
+    sglang.write_bytes(Path(_sglang_module().__file__).read_bytes())
+    fetch_flash_attn(folder)
+    print(f"wrote {folder}: {sorted(p.name for p in folder.iterdir())}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["fetch"]:
+        fetch(Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".whl/peers"))
+    else:
+        print(__doc__)
