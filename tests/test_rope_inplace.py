@@ -105,7 +105,10 @@ def test_refused_before_launch(name, args, error, words):
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     with pytest.raises(error, match=words):
         apply_partial_rope_triton_(*args)
-    assert all(not isinstance(a, torch.Tensor) or torch.equal(bits(a), bits(b)) for a, b in zip(args, before, strict=True))
+    unchanged = (
+        not isinstance(a, torch.Tensor) or torch.equal(bits(a), bits(b)) for a, b in zip(args, before, strict=True)
+    )
+    assert all(unchanged)
 
 
 def test_leaf_requiring_grad_is_refused_as_torch_refuses_it():

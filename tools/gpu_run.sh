@@ -45,6 +45,14 @@ for phase in "$@"; do
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
     overhead) timeout 120 python3 -m bench.overhead ;;
+    # issues 25-27: the peers' pinned releases carried in .whl/peers (python -m dsrope_gate.presets fetch),
+    # the conformance command on CUDA over every preset, and the in-place and peers' rows of the bench
+    peers)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 300 python3 -m dsrope_gate.conformance --preset all --device cuda --examples 24 --json "$OUT/conformance.json" --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1; echo "conformance rc $?"
+      tail -5 "$OUT/conformance.log"
+      timeout 280 python3 -m bench.bench --peers --out "$OUT/bench-peers"; echo "bench-peers rc $?" ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
