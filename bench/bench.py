@@ -329,8 +329,11 @@ def inplace_bytes(b, h, s, moved_channels):
 
 
 def inplace(out, shapes, decode_shapes, versions, peers):
-    """Forward rows (no gradient) of partial RoPE: ours out of place (moves D channels per row), ours in
-    place (moves R), and each peer on its preferred layout; GB/s and share of copy on each one's bytes."""
+    """Forward rows (no gradient): partial RoPE ours out of place (moves D channels per row), ours in place
+    (moves R), each peer's (theirs in place move R); Q norm + RoPE ours and each peer's (D). Every
+    implementation gets both layouts (a peer that copies a layout it does not take pays for it: that is
+    its cost on that layout); GB/s and share of copy on each one's bytes. A peer's adapter that runs an
+    in-place function on a copy (sglang, flash-attn) times the copy too: see docs/perf.md."""
     copy = copy_bandwidth()
     meta = f"{versions}, copy bandwidth {copy / 1e9:.0f} GB/s (read+write); forward, no gradient"
     print(meta, flush=True)
@@ -341,8 +344,13 @@ def inplace(out, shapes, decode_shapes, versions, peers):
     }
     for name, (op, fn) in peers.items():
         if op == "partial_rope":
-            moved = R if "inplace" in name or "flash-attn" in name or "sglang" in name else D
+            moved = R if "flash-attn" in name or "sglang" in name else D  # theirs in place: R channels
             impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), moved)
+    # Q norm + RoPE forward: every channel is read and written by every implementation
+    impls["dsrope qnorm_rope_triton"] = ("qnorm_rope", lambda x, c, s: qnorm_rope_triton(x, c, s, R, EPS), D)
+    for name, (op, fn) in peers.items():
+        if op == "qnorm_rope":
+            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R, EPS), D)
     with torch.no_grad():
         for b, h, s in shapes:
             for layout in ("token_major", "head_major"):
