@@ -343,9 +343,10 @@ def inplace(out, shapes, decode_shapes, versions, peers):
         "dsrope in place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton_(x, c, s, R), R),
     }
     for name, (op, fn) in peers.items():
-        if op == "partial_rope":
-            moved = R if "flash-attn" in name or "sglang" in name else D  # theirs in place: R channels
-            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), moved)
+        if op == "partial_rope" and hasattr(fn, "in_place"):  # theirs in place, on x itself: R channels
+            impls[f"{name} (in place)"] = (op, lambda x, c, s, fn=fn: fn.in_place(x, c, s, R), R)
+        elif op == "partial_rope":
+            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), D)
     # Q norm + RoPE forward: every channel is read and written by every implementation
     impls["dsrope qnorm_rope_triton"] = ("qnorm_rope", lambda x, c, s: qnorm_rope_triton(x, c, s, R, EPS), D)
     for name, (op, fn) in peers.items():

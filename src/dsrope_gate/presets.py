@@ -181,11 +181,16 @@ def sglang_preset():
 
     module = _sglang_module()
 
-    def rotate(x, cos, sin, rotary):
+    def in_place(x, cos, sin, rotary):
+        """Their in-place call on x itself (a view of token-major storage), for the benchmark."""
         b, h, s, d = x.shape
-        y = _token_major_copy(x)  # [B, S, H, D]
-        module.apply_rotary_emb_triton(y.view(b * s, h, d)[..., d - rotary :], _complex_rows(cos, sin))
-        return y.transpose(1, 2)
+        module.apply_rotary_emb_triton(x.transpose(1, 2).view(b * s, h, d)[..., d - rotary :], _complex_rows(cos, sin))
+        return x
+
+    def rotate(x, cos, sin, rotary):
+        return in_place(_token_major_copy(x).transpose(1, 2), cos, sin, rotary)
+
+    rotate.in_place = in_place
 
     def qnorm_rotate(x, cos, sin, rotary, eps):
         b, h, s, d = x.shape
@@ -276,6 +281,11 @@ def flash_attn_preset():
     def rotate(x, cos, sin, rotary):
         return Rotary.apply(x, cos, sin, rotary)
 
+    def in_place(x, cos, sin, rotary):
+        """Their in-place call on x itself (a view of token-major storage), for the benchmark."""
+        return launch(x.transpose(1, 2), cos, sin, rotary, False).transpose(1, 2)
+
+    rotate.in_place = in_place
     return [("flash-attn:apply_rotary", "partial_rope", rotate)]
 
 
