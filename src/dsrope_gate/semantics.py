@@ -16,8 +16,9 @@ Rotation (both ops; pairs of the trailing R channels unless said)
   half-split       rotate_half pairing inside the trailing R channels: channel D-R+k with D-R/2+k
   leading-channels interleaved pairs in the leading R channels (2k, 2k+1)
   truncating-store the contract's FP32 values stored with truncation toward zero
-  fma-rotation     products fused into the adds, fma(a, c, -rn(b*s)) and fma(a, s, rn(b*c)), each
-                   rounded once to FP32 (inside the error model, other bits)
+  fma-rotation     each lane's own product fused into the add, as a compiler contracts x*cos + rotate(x)*sin:
+                   fma(a, c, -rn(b*s)) and fma(b, c, rn(a*s)), each rounded once to FP32 (inside the
+                   error model, other bits; the H200's contraction of dsrope's and the peers' kernels)
 Backward (qnorm_rope)
   two-boundaries   autograd through the contract's eager chain: the de-rotated gradient is rounded to
                    x.dtype (boundary 2) before the RMSNorm backward
@@ -73,8 +74,8 @@ def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtyp
         a, b = y[..., start : start + half], y[..., start + half : start + rotary]
     else:
         a, b = y[..., start : start + rotary : 2], y[..., start + 1 : start + rotary : 2]
-    if label == "fma-rotation":
-        first, second = fma32(a, c, -(b * s)), fma32(a, s, b * c)
+    if label == "fma-rotation":  # each lane's own value times cos fused: x*cos + rotate(x)*sin contracted
+        first, second = fma32(a, c, -(b * s)), fma32(b, c, a * s)
     else:
         first, second = a * c - b * s, a * s + b * c
     if label == "half-split":
