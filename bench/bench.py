@@ -357,6 +357,10 @@ def inplace(out, shapes, decode_shapes, versions, peers):
             for layout in ("token_major", "head_major"):
                 x, cos, sin = make_inputs(b, h, s, layout)
                 for name, (_, fn, moved) in impls.items():
+                    if x.numel() > 2**31 and not name.startswith("dsrope"):
+                        # veomni 0.1.12 crashed past 2**31 elements (illegal address, H200 2026-12-04) and
+                        # the crash poisons the CUDA context for every later row: peers stop below it
+                        continue
                     try:
                         call = functools.partial(fn, x, cos, sin)
                         ms = statistics.median(do_bench(call, warmup=25, rep=100, return_mode="all"))

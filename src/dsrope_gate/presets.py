@@ -248,8 +248,8 @@ def _flash_attn_module():
 def flash_attn_preset():
     """apply_rotary(x [B, S, H, hd], cos, sin [S, R/2], interleaved=True, inplace=True) rotates the leading
     2 * (R/2) channels of x (hd <= 256) with one table for the batch: it gets the trailing R channels of a
-    token-major copy of x as its x (hd = R), and our tables' pair entries of each batch (one call per batch
-    when the batch's tables differ; one call when they are one table, stride 0). The backward is the same
+    token-major copy of x as its x (hd = R), and our tables' pair entries of each batch (one call per batch,
+    unless cos and sin both have a stride-0 batch: one table, one call). The backward is the same
     function with conjugate=True on the gradient (a Function of the adapter's, their kernel both ways)."""
     import torch
 
@@ -259,7 +259,7 @@ def flash_attn_preset():
         d = y.shape[-1]
         slice_ = y[..., d - rotary :]  # [B, S, H, R]
         c, s = _half(cos), _half(sin)
-        if c.stride(0) == 0 or c.shape[0] == 1:
+        if c.shape[0] == 1 or (c.stride(0) == 0 and s.stride(0) == 0):  # one table for the whole batch
             module.apply_rotary(slice_, c[0], s[0], interleaved=True, inplace=True, conjugate=conjugate)
         else:
             for b in range(y.shape[0]):
