@@ -178,17 +178,17 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
 
 
 def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:
-    """The labels whose emulations agree best, averaged over the cases (ties together), kept only where
-    they reach `threshold` on every case; [] when none does (no known semantics). Combined labels
-    ("norm+rotation") are reported as their parts."""
+    """The labels whose emulations agree best (the highest mean share over the cases; ties together),
+    listed only where each of them reaches `threshold` on every case; [] otherwise (no known semantics).
+    Combined labels ("norm+rotation") are reported as their parts."""
     if not evidence:
         return []
-    labels = [label for label in evidence[0] if all(case[label] >= threshold for case in evidence)]
-    if not labels:
-        return []
-    mean = {label: sum(case[label] for case in evidence) / len(evidence) for label in labels}
+    mean = {label: sum(case[label] for case in evidence) / len(evidence) for label in evidence[0]}
     best = max(mean.values())
+    chosen = sorted(label for label in mean if mean[label] == best)
+    if not all(case[label] >= threshold for label in chosen for case in evidence):
+        return []
     parts = []
-    for label in sorted(label for label in labels if mean[label] == best):
+    for label in chosen:
         parts += [p for p in label.split("+") if p not in parts]
     return parts
