@@ -188,6 +188,10 @@ def conformance(session: nox.Session) -> None:
     Packages as for verify: a GPU host's torch as found, else the CPU wheel and the gate extra."""
     if not has_modules(session, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
         install_cpu(session)
+    if any(a.startswith("--preset") for a in session.posargs):
+        # the peers' pinned releases (dsrope_gate.presets.PINS; transformers comes with the test extra, and
+        # flash-attn's one module is fetched at first use), without their dependency trees
+        session.install("--no-deps", "veomni==0.1.12", "sglang==0.5.23", "nemo-automodel==0.7.0")
     session.run("python", "-m", "dsrope_gate.conformance", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
