@@ -85,8 +85,8 @@ def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtyp
     out = y.clone()
     out[..., start : start + rotary] = rotated
     if label == "truncating-store":
-        return torch.cat((y[..., :start].to(dtype), truncate(rotated, dtype)), -1)
-    return out.to(dtype)
+        return torch.cat((y[..., :start].to(dtype), truncate(rotated, dtype)), -1).contiguous()
+    return out.to(dtype).contiguous()
 
 
 # --- the qnorm_rope norms ---------------------------------------------------------------------------------
@@ -168,11 +168,14 @@ def emulations(op: str, direction: str) -> dict:
 
 
 def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
-    """The share of elements whose bits are equal (NaN meets NaN whatever its payload; +0 and -0 differ)."""
+    """The share of elements whose bits are equal (NaN meets NaN whatever its payload; +0 and -0 differ;
+    an empty tensor agrees fully, another shape or dtype not at all)."""
+    if got.shape != emulated.shape or got.dtype != emulated.dtype:
+        return 0.0
     if got.numel() == 0:
         return 1.0
     ints = {2: torch.int16, 4: torch.int32}[got.element_size()]
-    same = got.contiguous().view(ints) == emulated.to(got.dtype).contiguous().view(ints)
+    same = got.contiguous().view(ints) == emulated.contiguous().view(ints)
     same |= got.isnan() & emulated.isnan()
     return float(same.double().mean())
 
@@ -180,15 +183,36 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
 def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:
     """The labels whose emulations agree best (the highest mean share over the cases; ties together),
     listed only where each of them reaches `threshold` on every case; [] otherwise (no known semantics).
-    Combined labels ("norm+rotation") are reported as their parts."""
+    Combined labels ("norm+rotation") are reported as their parts, norms first, each in the order of the
+    first case's labels: the contract's qnorm_rope forward reads ["two-boundaries", "interleaved"]."""
     if not evidence:
         return []
     mean = {label: sum(case[label] for case in evidence) / len(evidence) for label in evidence[0]}
     best = max(mean.values())
-    chosen = sorted(label for label in mean if mean[label] == best)
+    chosen = [label for label in evidence[0] if mean[label] == best]
     if not all(case[label] >= threshold for label in chosen for case in evidence):
         return []
+    split = [label.split("+") for label in chosen]
     parts = []
-    for label in chosen:
-        parts += [p for p in label.split("+") if p not in parts]
+    for position in range(max(len(s) for s in split)):
+        for s in split:
+            if len(s) > position and s[position] not in parts:
+                parts.append(s[position])
     return parts
+
+
+# --- the tables and one case's matrix (tests/test_semantics.py) ------------------------------------------------
+
+CONTRACT = {
+    ("partial_rope", "forward"): "interleaved",
+    ("partial_rope", "backward"): "interleaved",
+    ("qnorm_rope", "forward"): "two-boundaries+interleaved",
+    ("qnorm_rope", "backward"): "two-boundaries",
+}
+SEMANTICS = {(op, d): emulations(op, d) for op in ("partial_rope", "qnorm_rope") for d in ("forward", "backward")}
+
+
+def agreement_matrix(op: str, direction: str, x, cos, sin, rotary: int, eps=None, grad=None) -> dict:
+    """label -> label -> agreement of their emulations on one case: how far apart the semantics are there."""
+    out = {label: fn(x, cos, sin, rotary, eps, grad) for label, fn in SEMANTICS[op, direction].items()}
+    return {p: {q: agreement(out[p], out[q]) for q in out} for p in out}
