@@ -249,4 +249,24 @@ MUTANTS = [
             "low = math.floor(_correction_dim(beta_fast, dim, theta, original))",
         ),
     ),
+    mutant(
+        "utils.yarn_low_clamped_at_top",
+        UTILS,
+        "the ramp's low bound also clamped to dim - 1 (upstream clamps it at 0 only): crossed bounds at the top "
+        "keep every frequency instead of dividing all by factor",
+        (
+            "low = max(math.floor(_correction_dim(beta_fast, dim, theta, original)), 0)",
+            "low = min(max(math.floor(_correction_dim(beta_fast, dim, theta, original)), 0), dim - 1)",
+        ),
+    ),
+    mutant(
+        "utils.yarn_high_clamped_at_zero",
+        UTILS,
+        "the ramp's high bound also clamped to 0 (upstream clamps it at dim - 1 only): crossed bounds at 0 "
+        "divide pairs 1.. by factor instead of keeping every frequency",
+        (
+            "high = min(math.ceil(_correction_dim(beta_slow, dim, theta, original)), dim - 1)",
+            "high = max(min(math.ceil(_correction_dim(beta_slow, dim, theta, original)), dim - 1), 0)",
+        ),
+    ),
 ]

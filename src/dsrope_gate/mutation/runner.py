@@ -65,7 +65,7 @@ CATALOG = catalog_rope.MUTANTS + catalog_qnorm_rope.MUTANTS + catalog_common.MUT
 HOME = {
     ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
     QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
-    UTILS: ("test_rope_utils.py", "test_vs_transformers_tables.py"),
+    UTILS: ("test_rope_utils.py", "test_yarn_edge_cases.py", "test_vs_transformers_tables.py"),
     COMMON: ("test_qnorm_rope.py",),  # swap_pairs, pair_table: QNorm backward only; token_major_empty: all
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
