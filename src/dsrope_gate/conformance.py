@@ -44,7 +44,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -724,16 +723,10 @@ def main(argv=None) -> int:
     (args.out / "report.md").write_text(text)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": metas, "results": results}, indent=1, default=_jsonable))
+        args.json.write_text(json.dumps({"meta": metas, "results": results}, indent=1, default=str))
     print(text)
     progress(f"wrote {args.out / 'report.md'}" + (f" and {args.json}" if args.json else ""))
     return 0
-
-
-def _jsonable(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return str(v)
 
 
 if __name__ == "__main__":
