@@ -151,14 +151,17 @@ def main():
     ap.add_argument("--decode", action="store_true", help="only the decode rows (S=1)")
     ap.add_argument("--impls", default="triton,eager,compile")
     ap.add_argument("--inplace", action="store_true", help="only the in-place partial RoPE rows (and --peers')")
-    ap.add_argument("--peers", action="store_true", help="also time every preset that runs on CUDA (in-place table)")
+    ap.add_argument(
+        "--peers", nargs="?", const="all", default="",
+        help="also time the presets that run on CUDA (in-place table): all, or names joined by commas",
+    )  # fmt: skip
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     versions = f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}"
     if args.inplace or args.peers:
-        peers = peer_impls() if args.peers else {}
+        peers = peer_impls(args.peers.split(",")) if args.peers else {}
         inplace(out, [(1, 64, 4096)] if args.quick else SHAPES, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES,
                 versions, peers)  # fmt: skip
         return
@@ -311,16 +314,29 @@ def decode(out, shapes, versions):
 # --- partial RoPE in place beside out of place (issue 27), and the peers (issue 26) --------------------
 
 
-def peer_impls() -> dict:
-    """name -> (op, callable with our signature, bytes kind) for each preset that loads here (CUDA)."""
+def peer_impls(names: list[str]) -> dict:
+    """name -> (op, callable with our signature) for each preset of `names` ("all": every one) that loads
+    here (CUDA)."""
     from dsrope_gate import presets
 
     found = {}
-    for name, op, fn in presets.load(["all"], "cuda", None, lambda msg: print(msg, flush=True)):
+    for name, op, fn in presets.load(names, "cuda", None, lambda msg: print(msg, flush=True)):
         if name.split(":")[0] in ("dsrope", "eager-chain"):
             continue  # the controls: ours and the eager chain have their own columns
         found[name] = (op, fn)
     return found
+
+
+class Prepared:
+    """A peer's call whose arguments are put into its convention before timing (prepare(x, cos, sin) -> call)."""
+
+    def __init__(self, prepare_in_place):
+        self.prepare = lambda x, cos, sin: prepare_in_place(x, cos, sin, R)
+
+
+def bind(fn, x, cos, sin):
+    """A call of fn on these inputs, with nothing left to do but the call."""
+    return fn.prepare(x, cos, sin) if isinstance(fn, Prepared) else functools.partial(fn, x, cos, sin)
 
 
 def inplace_bytes(b, h, s, moved_channels):
@@ -343,7 +359,9 @@ def inplace(out, shapes, decode_shapes, versions, peers):
         "dsrope in place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton_(x, c, s, R), R),
     }
     for name, (op, fn) in peers.items():
-        if op == "partial_rope" and hasattr(fn, "in_place"):  # theirs in place, on x itself: R channels
+        if op == "partial_rope" and hasattr(fn, "prepare_in_place"):  # their call alone, tables made beforehand
+            impls[f"{name} (in place)"] = (op, Prepared(fn.prepare_in_place), R)
+        elif op == "partial_rope" and hasattr(fn, "in_place"):  # theirs in place, on x itself: R channels
             impls[f"{name} (in place)"] = (op, lambda x, c, s, fn=fn: fn.in_place(x, c, s, R), R)
         elif op == "partial_rope":
             impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), D)
@@ -362,7 +380,7 @@ def inplace(out, shapes, decode_shapes, versions, peers):
                         # the crash poisons the CUDA context for every later row: peers stop below it
                         continue
                     try:
-                        call = functools.partial(fn, x, cos, sin)
+                        call = bind(fn, x, cos, sin)
                         ms = statistics.median(do_bench(call, warmup=25, rep=100, return_mode="all"))
                     except Exception as e:  # a peer that refuses a layout: a row saying so
                         print(f"{name} {b}x{h}x{s} {layout}: {type(e).__name__}: {e}"[:300], flush=True)
@@ -380,7 +398,7 @@ def inplace(out, shapes, decode_shapes, versions, peers):
             x, cos, sin = decode_inputs(b, h)
             for name, (_, fn, _moved) in impls.items():
                 try:
-                    call = functools.partial(fn, x, cos, sin)
+                    call = bind(fn, x, cos, sin)
                     call()
                     row = dict(impl=name, B=b, H=h, S=1, us=per_call_us(call), graph_us=per_replayed_call_us(call))
                 except Exception as e:

@@ -14,7 +14,7 @@ from dsrope_reference.rope import partial_rope
 from hypothesis import given, note
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_
-from dsrope.rope import partial_rope_
+from dsrope.rope import inplace_config, partial_rope_
 from dsrope_gate.inputs import DEVICE, DTYPES, bits, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
 from dsrope_gate.strategies import cases
@@ -86,6 +86,22 @@ def test_decode_shape_and_empty():
     empty = torch.empty(2, 3, 0, 96, dtype=torch.bfloat16, device=DEVICE)
     cos, sin = tables(2, 0, 32)
     assert apply_partial_rope_triton_(empty, cos, sin, 32) is empty
+
+
+@pytest.mark.parametrize(
+    "shape,rotary",
+    [((2, 3, 40, 16), 8), ((1, 5, 70, 32), 32), ((3, 3, 1, 16), 8), ((2, 1, 33, 8), 2)],
+    ids=["3_heads_80_tokens", "5_heads_70_tokens", "3_heads_decode", "1_head"],
+)
+def test_tiles_of_heads(shape, rotary):
+    """A tile is GROUP neighbouring heads at consecutive tokens (rope.inplace_config): head counts that
+    are not a multiple of GROUP, token counts that do not fill the last tile, both on this platform's
+    tile (enough tokens for tiles of two heads, and decode's tiles of every head of one token)."""
+    b, h, s, d = shape
+    config = inplace_config(rotary, h, b * s)
+    assert h % config["GROUP"] or config["GROUP"] > h or (b * s) % (config["M"] // config["GROUP"])
+    cos, sin = tables(b, s, rotary, seed=h, per_batch=True)
+    check_in_place(laid_out(shape, torch.bfloat16, Layout(order=(0, 2, 1, 3), guard=d), seed=s), cos, sin, rotary)
 
 
 def refused():

@@ -41,7 +41,7 @@ KEYS = list(SEMANTICS)
 def case(dtype, geometry: str, seed: int = 0):
     shape, rotary, layout = GEOMETRIES[geometry]
     x = materialize(values(shape, dtype, seed), layout)
-    cos, sin = tables(shape[0], shape[2], rotary, seed)
+    cos, sin = tables(shape[0], shape[2], rotary, seed, device="cpu")
     grad = values(shape, dtype, seed + 1)
     return x, cos, sin, rotary, EPS, grad
 

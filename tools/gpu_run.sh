@@ -53,6 +53,33 @@ for phase in "$@"; do
       timeout 300 python3 -m dsrope_gate.conformance --preset all --device cuda --examples 12 --json "$OUT/conformance.json" --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1; echo "conformance rc $?"
       tail -5 "$OUT/conformance.log"
       timeout 280 python3 -m bench.bench --peers --out "$OUT/bench-peers"; echo "bench-peers rc $?" ;;
+    # issue 27: the in-place kernel's rows per program and warps (prefill and decode under graph replay; the
+    # earlier kernel from sweep_baseline/ if present), then the in-place bench rows beside flash-attn's and sglang's
+    inplace-sweep)
+      timeout 240 python3 -m tools.sweep --kernels rope_inplace --decode --out "$OUT/sweep-inplace" \
+        $( [ -d sweep_baseline ] && echo --baseline sweep_baseline ) ;;
+    inplace-ceiling) timeout 200 python3 -m tools.inplace_ceiling ;;
+    # issue 27's closing run: with the GPU otherwise idle, the in-place bench rows beside flash-attn's and
+    # sglang's and Nsight Compute's DRAM counters of one launch per layout; then, in parallel, memcheck,
+    # the in-place and >2**31 tests, the in-place GPU-only mutant
+    inplace-final)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      DSROPE_PEERS_CACHE=$PWD/.whl/peers timeout 150 python3 -m bench.bench --inplace --peers flash-attn,sglang --out "$OUT/bench-inplace" > "$OUT/b.log" 2>&1
+      echo "bench-inplace rc $?" >> "$OUT/b.log"
+      metrics=dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum
+      timeout 90 ncu --clock-control none --metrics $metrics -k regex:_rotate_inplace python3 -m tools.inplace_ceiling --ncu > "$OUT/n.log" 2>&1
+      echo "ncu rc $?" >> "$OUT/n.log"
+      (timeout 240 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
+      (timeout 240 python3 -m nox -s gpu-tests -- -q -rfE tests/test_rope_inplace.py tests/test_gpu.py > "$OUT/t.log" 2>&1
+       echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      (timeout 240 python3 -m nox -s gpu-mutants -- --only rope.inplace --tests test_gpu.py > "$OUT/m.log" 2>&1
+       echo "mutants-gpu rc $?" >> "$OUT/m.log") &
+      wait
+      for f in b n s t m; do echo "===== $f"; tail -40 "$OUT/$f.log"; done ;;
+    inplace-bench)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 280 python3 -m bench.bench --inplace --peers flash-attn,sglang --out "$OUT/bench-inplace"; echo "bench-inplace rc $?" ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records

@@ -1,6 +1,6 @@
-"""Representative launches of every kernel for compute-sanitizer memcheck (no reference, no asserts
-beyond finiteness): D not a power of two, odd D, R/2 not a power of two, R = D, R = 2, storage
-offsets, padded and permuted strides, stride-0 tables and gradients.
+"""Representative launches of every kernel (the in-place partial RoPE included) for compute-sanitizer
+memcheck (no reference, no asserts beyond finiteness): D not a power of two, odd D, R/2 not a power of
+two, R = D, R = 2, storage offsets, padded and permuted strides, stride-0 tables and gradients.
 
 Run through `nox -s sanitize`, which sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor
 is its own allocation and a read or write one element past a buffer is an error memcheck sees.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch  # noqa: E402
 
-from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
+from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton  # noqa: E402
 from dsrope_gate.inputs import tables  # noqa: E402
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize  # noqa: E402
 
@@ -22,6 +22,9 @@ CASES = [
     (1, 2, 9, 96, 2, Layout(order=(3, 0, 1, 2)), Layout(pad=(0, 1, 0, 3))),
     (1, 8, 16, 512, 64, TOKEN_MAJOR, TOKEN_MAJOR),
     (3, 1, 1, 6, 6, Layout(step=(2, 1, 1, 1), offset=1), Layout()),
+    # the in-place kernel's tiles: two heads of an odd count at many tokens; decode (every head of a token)
+    (2, 3, 40, 16, 8, TOKEN_MAJOR, Layout()),
+    (5, 3, 1, 16, 8, Layout(order=(0, 2, 1, 3), pad=(0, 0, 1, 0)), Layout()),
 ]
 
 
@@ -44,6 +47,12 @@ def main() -> int:
                 torch.cuda.synchronize()
                 assert torch.isfinite(out).all() and torch.isfinite(dx).all() and torch.isfinite(xi2.grad).all()
                 launches += 6 if fn is qnorm_rope_triton else 6
+            if d % 2 == 0:  # in place: only x's rotary channels are written
+                y = materialize(x.detach().clone(), x_layout)
+                apply_partial_rope_triton_(y, cos, sin, r)
+                torch.cuda.synchronize()
+                assert torch.isfinite(y).all()
+                launches += 1
     print(f"sanitize_launches: {launches} kernel launches over {len(CASES)} geometries x 3 dtypes")
     return 0
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import importlib.util
 import itertools
 import multiprocessing
@@ -32,12 +33,21 @@ from dsrope import qnorm_rope, rope  # noqa: E402
 D, R, EPS = 512, 64, 1e-6
 SHAPES = [(1, 64, 4096), (1, 128, 16384)]
 LAYOUTS = ("token_major", "head_major")
-KERNELS = ("rope", "qnorm_fwd", "qnorm_bwd")
+KERNELS = ("rope", "qnorm_fwd", "qnorm_bwd", "rope_inplace")
 CONFIGS = [
     dict(M=m, num_warps=w)
     for m, w in itertools.product((1, 2, 4, 8, 16), (1, 2, 4))
     if m * D // (32 * w) >= 8  # at least 8 elements per thread
 ]
+# in place: a tile of R = 64 lanes per row, hence more rows per program
+INPLACE_CONFIGS = [
+    dict(M=m, GROUP=g, num_warps=w)
+    for m, g, w in itertools.product((8, 16, 32), (1, 2, 4, 16), (2, 4, 8))
+    if 4 <= m * R // (32 * w) <= 64 and g <= m  # 4 to 64 elements per thread
+]
+# decode (S = 1, B * H rows): fewer rows per program, timed under CUDA graph replay
+DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench's
+DECODE_CONFIGS = [dict(M=m, num_warps=w) for m, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4)) if m * R >= 32 * w]
 
 
 def tensors(b, h, s, layout):
@@ -67,6 +77,15 @@ def launch(kernel, t, config, old=None):
         return 2 * n, lambda: mod_rope._rotate[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
         )
+    if kernel == "rope_inplace" and old:  # the earlier kernel: M consecutive token-major rows
+        return 2 * rows * R * 2, lambda: mod_rope._rotate_inplace[grid](
+            x, cos, sin, *geometry, *x.stride(), *tables, **dict(config, BLOCK=R)
+        )
+    if kernel == "rope_inplace":  # x rotated again on every call: only the R rotary channels move
+        config = dict(config, GROUP=config.get("GROUP", min(config["M"], h)), BLOCK=R)
+        return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
+            x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
+        )
     if kernel == "qnorm_fwd":
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
@@ -86,20 +105,58 @@ def load_baseline(folder):
     return tuple(mods)
 
 
-BASELINE = {"rope": dict(M=2, num_warps=1), "qnorm_fwd": dict(M=4, num_warps=1), "qnorm_bwd": dict(M=8, num_warps=1)}
+BASELINE = {
+    "rope": dict(M=2, num_warps=1),
+    "qnorm_fwd": dict(M=4, num_warps=1),
+    "qnorm_bwd": dict(M=8, num_warps=1),
+    "rope_inplace": dict(M=16, num_warps=1),
+}
+KERNEL_CHOICE = list(KERNELS)  # --kernels
 
 
 def jobs(baseline):
-    for kernel, config in itertools.product(KERNELS, CONFIGS):
-        yield kernel, config, False
+    for kernel in KERNEL_CHOICE:
+        for config in INPLACE_CONFIGS if kernel == "rope_inplace" else CONFIGS:
+            yield kernel, config, False
     if baseline:
-        for kernel in KERNELS:
+        for kernel in KERNEL_CHOICE:
             yield kernel, BASELINE[kernel], True
+
+
+def slice_ceiling(t):
+    """(bytes, a torch call moving the in-place kernel's bytes: x's rotary slice read and written in place)."""
+    x = t[0]
+    b, h, s, _ = x.shape
+    rotary = x[..., D - R :]
+    return 2 * b * h * s * R * 2, lambda: rotary.mul_(1.0)
+
+
+def decode(old):
+    """Rows per program and warps of the in-place kernel at decode, under CUDA graph replay (us per call)."""
+    from bench.bench import decode_inputs, per_replayed_call_us
+
+    for b, h in DECODE_SHAPES:
+        x, cos, sin = decode_inputs(b, h)
+        t = (x, None, cos, sin, None, None)
+        found = []
+        for config in DECODE_CONFIGS:
+            found.append((per_replayed_call_us(launch("rope_inplace", t, config)[1]), config))
+        if old:
+            old_us = per_replayed_call_us(launch("rope_inplace", t, BASELINE["rope_inplace"], old)[1])
+        ceiling = per_replayed_call_us(slice_ceiling(t)[1])
+        for us, config in sorted(found, key=lambda f: f[0]):
+            print(f"decode B={b} H={h} M={config['M']} warps={config['num_warps']} {us:.2f} us", flush=True)
+        launcher = rope.inplace_config(R, h, b)
+        us = per_replayed_call_us(functools.partial(rope._launch_inplace, x, cos, sin, R))
+        print(f"decode B={b} H={h} launcher {launcher}: {us:.2f} us", flush=True)
+        old_text = f"{old_us:.2f}" if old else "-"
+        print(f"decode B={b} H={h} old {old_text} us, torch slice mul_ {ceiling:.2f} us", flush=True)
 
 
 def compile_some(args):
     """Worker: launch each of its configs once on a small tensor set (fills Triton's cache)."""
-    part, parts, baseline = args
+    part, parts, baseline, kernels = args
+    KERNEL_CHOICE[:] = kernels
     old = load_baseline(baseline) if baseline else None
     for layout in LAYOUTS:
         t = tensors(1, 64, 256, layout)
@@ -115,8 +172,11 @@ def main():
     parser.add_argument("--out", default="out/sweep")
     parser.add_argument("--baseline", default="")
     parser.add_argument("--workers", type=int, default=12)
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--decode", action="store_true", help="in-place kernel at decode shapes (graph replay)")
     parser.add_argument("--one", nargs=4, metavar=("KERNEL", "LAYOUT", "M", "WARPS"))
     args = parser.parse_args()
+    KERNEL_CHOICE[:] = args.kernels
     if args.one:
         kernel, layout, m, warps = args.one
         old = load_baseline(args.baseline) if args.baseline else None
@@ -130,7 +190,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
 
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        pool.map(compile_some, [(p, args.workers, args.baseline) for p in range(args.workers)])
+        pool.map(compile_some, [(p, args.workers, args.baseline, args.kernels) for p in range(args.workers)])
     print("compiled", flush=True)
 
     old = load_baseline(args.baseline) if args.baseline else None
@@ -155,6 +215,7 @@ def main():
                 layout=layout,
                 version="old" if is_old else "new",
                 M=config["M"],
+                group=config.get("GROUP", ""),
                 warps=config["num_warps"],
                 ms=round(ms, 4),
                 gbs=round(nbytes / ms / 1e6),
@@ -164,12 +225,19 @@ def main():
             )
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        if "rope_inplace" in KERNEL_CHOICE:
+            nbytes, fn = slice_ceiling(t)
+            ms = do_bench(fn, warmup=25, rep=60, return_mode="median")
+            share = nbytes / ms / 1e-3 / copy
+            print(f"torch slice mul_ (the in-place bytes) {b}x{h}x{s} {layout}: {ms:.4f} ms, of copy {share:.3f}")
         del t
         torch.cuda.empty_cache()
     with open(out / "sweep.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    if args.decode:
+        decode(old)
     print("\nbest per kernel, shape, layout (and the old kernel in the same run):")
     for key, group in itertools.groupby(
         sorted(rows, key=lambda r: (r["kernel"], r["B"], r["H"], r["S"], r["layout"])),

@@ -200,6 +200,28 @@ def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
     return {**config, "M": m}
 
 
+COMPILED = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def rotate_lane(own, cos, signed_mate_times_sin):
+    """own * cos + signed_mate_times_sin, one lane of the partial RoPE rotation (first of a pair:
+    a*c + (-b*s); second: b*c + a*s), for the in-place kernel.
+
+    Compiled: fma(own, cos, rn(signed mate * sin)), the fused product written out. Left to the compiler,
+    which product of `own * cos + mate * sin` is fused is a choice made per specialization: on the H200
+    (triton 3.6, 2026-12-04) the in-place kernel fused the other product of a second lane on an fp16 x
+    with channel stride 2 and stored 1 ulp away from the out-of-place kernel where the two forms straddle
+    a rounding midpoint (tests/test_rope_inplace.py::test_layouts_property, the same element on 300 of
+    300 runs), while _rotate fused each lane's own product on every case measured (docs/gpu-runs.md).
+    The interpreter rounds both products and the sum to FP32 (docs/contract.md), as _rotate does there.
+    """
+    if COMPILED:
+        return tl.fma(own, cos, signed_mate_times_sin)
+    else:
+        return own * cos + signed_mate_times_sin
+
+
 @triton.jit
 def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
     """t [M, BLOCK] with the two lanes of every pair (2i, 2i+1) exchanged, in registers.

@@ -17,11 +17,16 @@ import triton
 import triton.language as tl
 
 from dsrope._common import (
+    INTERPRET,
     check_rotary,
     check_table,
     check_writable,
     check_x,
+    next_pow2,
+    pair_table,
+    rotate_lane,
     spread_rows,
+    swap_pairs,
     tile_config,
     token_major_empty,
     wants_autograd,
@@ -93,48 +98,87 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
 
 @triton.jit
 def _rotate_inplace(
-    x, cos, sin, rows, SEQUENCE,
+    x, cos, sin, tokens, SEQUENCE,
     HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    M: tl.constexpr, BLOCK: tl.constexpr,
+    M: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the trailing ROTARY channels of M rows of x [B, H, S, D] in place.
+    """Rotate the trailing ROTARY channels of M rows of x [B, H, S, D] in place: GROUP neighbouring
+    heads at M // GROUP consecutive tokens (token = b * S + s).
 
-    A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes); every lane loads its own
-    channel and its pair partner before any store of its row, and rows are disjoint (check_writable),
-    so no write meets a value still to be read. The arithmetic is _rotate's, operation for operation
-    (the same bits); the names differ so that each mutant of the catalog edits one kernel.
+    A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes). Each row is one load and
+    one store: the pair partner comes from registers (swap_pairs) and each table entry is loaded once
+    per pair (pair_table); the first form of this kernel loaded every partner a second time, a gather
+    (docs/perf.md times both). Rows are disjoint (check_writable), so no store meets a value still to
+    be read. The rotation is _rotate's as the compiler builds it, each lane's own product fused
+    (rotate_lane writes that fma out: left to the compiler, the fused product differed between this
+    kernel and _rotate on one layout); the names differ so that each mutant of the catalog edits one
+    kernel.
     """
-    first_row = tl.program_id(0).to(tl.int64) * M  # int64: offsets pass 2**31 on large tensors
-    row = first_row + tl.arange(0, M)
-    head = row % HEADS
-    position = (row // HEADS) % SEQUENCE
-    batch = row // (HEADS * SEQUENCE)
+    head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP
+    tile = tl.program_id(0)
+    i = tl.arange(0, M)
+    # int64: token * XS, batch * XB and head * XH pass 2**31 on large tensors
+    head = ((tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)
+    token = (tile // head_blocks).to(tl.int64) * (M // GROUP) + i // GROUP
+    row_ok = (head < HEADS) & (token < tokens)
+    position = token % SEQUENCE
+    batch = token // SEQUENCE
     x_row = x + (batch * XB + position * XS + head * XH)[:, None]
 
-    lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]  # position inside the rotary slice
-    lane_ok = (row < rows)[:, None] & (lane < ROTARY)
+    lane = tl.arange(0, BLOCK)[None, :]  # position inside the rotary slice
+    lane_ok = row_ok[:, None] & (lane < ROTARY)
     odd = (lane & 1) == 1  # second channel of its pair
     own_channel = lane + (DIM - ROTARY)
-    mate_channel = (lane ^ 1) + (DIM - ROTARY)
+    # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     own = tl.load(x_row + own_channel * XD, mask=lane_ok).to(tl.float32)
-    mate = tl.load(x_row + mate_channel * XD, mask=lane_ok).to(tl.float32)
-    pair = lane // 2
-    cs = tl.load(cos + (position * CS + batch * CB)[:, None] + pair * CD, mask=lane_ok)
-    sn = tl.load(sin + (position * SS + batch * SB)[:, None] + pair * SD, mask=lane_ok)
-    rotated = own * cs + tl.where(odd, mate, -mate) * sn
+    mate = swap_pairs(own, M, BLOCK)
+    cs = pair_table(cos, position * CS + batch * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
+    sn = pair_table(sin, position * SS + batch * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
+    # first of a pair: a*c - b*s; second: b*c + a*s
+    rotated = rotate_lane(own, cs, tl.where(odd, mate, -mate) * sn)
     tl.store(x_row + own_channel * XD, rotated.to(x.dtype.element_ty), mask=lane_ok)
+
+
+def inplace_config(rotary: int, heads: int, tokens: int) -> dict:
+    """Tile of _rotate_inplace: M rows (GROUP heads at M // GROUP tokens), BLOCK lanes, warps.
+
+    Measured on the H200 (tools/sweep.py --kernels rope_inplace --decode, docs/perf.md, 2026-12-04): 1024
+    elements and 4 warps a program, two heads at eight tokens (among the top eight of 30 configs, which are
+    within 0.01 of copy bandwidth of each other); where the tokens cannot fill a tile (decode: S = 1), every
+    row of a tile is a head of one token, and a launch of few rows gets fewer rows per program, down to 4
+    (at least INPLACE_PROGRAMS programs): the fastest decode tile or within 0.05 us of it on every decode
+    shape. Any tile gives every element the same instructions (no reduction): the bits do not depend on it.
+    The interpreter pays per program: big tiles on CPU.
+    """
+    block = next_pow2(rotary)
+    if INTERPRET:
+        m, warps = max(1, min(64, (1 << 16) // block)), {}
+    else:
+        m, warps = max(1, INPLACE_ELEMENTS // block), {"num_warps": INPLACE_WARPS}
+        while m > 4 and heads * tokens < INPLACE_PROGRAMS * m:
+            m //= 2
+    group = min(m, next_pow2(heads), INPLACE_GROUP if tokens >= m // INPLACE_GROUP else m)
+    return dict(M=m, GROUP=group, BLOCK=block, **warps)
+
+
+INPLACE_ELEMENTS, INPLACE_GROUP, INPLACE_WARPS, INPLACE_PROGRAMS = 1024, 2, 4, 16
+
+
+def inplace_grid(config: dict, heads: int, tokens: int) -> tuple:
+    group = config["GROUP"]
+    return (triton.cdiv(heads, group) * triton.cdiv(tokens, config["M"] // group),)
 
 
 def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> None:
     """Rotate the trailing `rotary` channels of x [B, H, S, D] (checked writable) in place."""
     batch, heads, seq, dim = x.shape
-    rows = batch * seq * heads
-    if rows == 0 or dim == 0:
+    tokens = batch * seq
+    if tokens * heads == 0:
         return
-    config = spread_rows(tile_config(rotary, 1024), rows, x.device)
-    _rotate_inplace[(triton.cdiv(rows, config["M"]),)](
-        x, cos, sin, rows, seq, heads, dim, rotary,
+    config = inplace_config(rotary, heads, tokens)
+    _rotate_inplace[inplace_grid(config, heads, tokens)](
+        x, cos, sin, tokens, seq, heads, dim, rotary,
         *x.stride(),
         *cos.stride(), *sin.stride(), **config,
     )  # fmt: skip

@@ -246,24 +246,31 @@ def _flash_attn_module():
 
 
 def flash_attn_preset():
-    """apply_rotary(x [B, S, H, hd], cos, sin [S, R/2], interleaved=True, inplace=True) rotates the leading
-    2 * (R/2) channels of x (hd <= 256) with one table for the batch: it gets the trailing R channels of a
-    token-major copy of x as its x (hd = R), and our tables' pair entries of each batch (one call per batch,
-    unless cos and sin both have a stride-0 batch: one table, one call). The backward is the same
-    function with conjugate=True on the gradient (a Function of the adapter's, their kernel both ways)."""
+    """apply_rotary(x [B, S, H, hd], cos, sin [S_ro, R/2], seqlen_offsets, interleaved=True, inplace=True)
+    rotates the leading 2 * (R/2) channels of x (hd <= 256), reading row seqlen_offsets[b] + s of its
+    batch-less tables: it gets the trailing R channels of a token-major copy of x as its x (hd = R), and
+    our tables' pair entries as one [B * S, R/2] table with offsets b * S (one launch; a table shared by
+    the batch, stride 0 or B = 1, is passed as [S, R/2] with offset 0). The backward is the same function
+    with conjugate=True on the gradient (a Function of the adapter's, their kernel both ways)."""
     import torch
 
     module = _flash_attn_module()
 
-    def launch(y, cos, sin, rotary, conjugate):
-        d = y.shape[-1]
-        slice_ = y[..., d - rotary :]  # [B, S, H, R]
+    def their_tables(cos, sin):
+        """(cos, sin, seqlen_offsets) in apply_rotary's convention, from our [B, S, R] tables."""
         c, s = _half(cos), _half(sin)
         if c.shape[0] == 1 or (c.stride(0) == 0 and s.stride(0) == 0):  # one table for the whole batch
-            module.apply_rotary(slice_, c[0], s[0], interleaved=True, inplace=True, conjugate=conjugate)
-        else:
-            for b in range(y.shape[0]):
-                module.apply_rotary(slice_[b : b + 1], c[b], s[b], interleaved=True, inplace=True, conjugate=conjugate)
+            return c[0].contiguous(), s[0].contiguous(), 0
+        batch, seq = c.shape[:2]
+        offsets = torch.arange(batch, device=c.device, dtype=torch.int32) * seq
+        return c.reshape(batch * seq, -1).contiguous(), s.reshape(batch * seq, -1).contiguous(), offsets
+
+    def launch(y, cos, sin, rotary, conjugate):
+        c, s, offsets = their_tables(cos, sin)
+        module.apply_rotary(
+            y[..., y.shape[-1] - rotary :], c, s, seqlen_offsets=offsets, interleaved=True, inplace=True,
+            conjugate=conjugate,
+        )  # fmt: skip
         return y
 
     class Rotary(torch.autograd.Function):
@@ -282,10 +289,18 @@ def flash_attn_preset():
         return Rotary.apply(x, cos, sin, rotary)
 
     def in_place(x, cos, sin, rotary):
-        """Their in-place call on x itself (a view of token-major storage), for the benchmark."""
+        """Their in-place call on x itself (a view of token-major storage)."""
         return launch(x.transpose(1, 2), cos, sin, rotary, False).transpose(1, 2)
 
+    def prepare_in_place(x, cos, sin, rotary):
+        """Their in-place call on x itself with the tables already in their convention, for the benchmark:
+        the returned call is their function alone, as a user holding [S, R/2] tables would call it."""
+        c, s, offsets = their_tables(cos, sin)
+        rotary_slice = x.transpose(1, 2)[..., x.shape[-1] - rotary :]
+        return lambda: module.apply_rotary(rotary_slice, c, s, seqlen_offsets=offsets, interleaved=True, inplace=True)
+
     rotate.in_place = in_place
+    rotate.prepare_in_place = prepare_in_place
     return [("flash-attn:apply_rotary", "partial_rope", rotate)]
 
 
