@@ -206,15 +206,18 @@ COMPILED = tl.constexpr(not INTERPRET)
 @triton.jit
 def rotate_lane(own, cos, signed_mate_times_sin):
     """own * cos + signed_mate_times_sin, one lane of the partial RoPE rotation (first of a pair:
-    a*c + (-b*s); second: b*c + a*s), for the in-place kernel.
+    a*c + (-b*s); second: b*c + a*s), in both partial RoPE kernels (out of place and in place).
 
     Compiled: fma(own, cos, rn(signed mate * sin)), the fused product written out. Left to the compiler,
     which product of `own * cos + mate * sin` is fused is a choice made per specialization: on the H200
     (triton 3.6, 2026-12-04) the in-place kernel fused the other product of a second lane on an fp16 x
     with channel stride 2 and stored 1 ulp away from the out-of-place kernel where the two forms straddle
     a rounding midpoint (tests/test_rope_inplace.py::test_layouts_property, the same element on 300 of
-    300 runs), while _rotate fused each lane's own product on every case measured (docs/gpu-runs.md).
-    The interpreter rounds both products and the sum to FP32 (docs/contract.md), as _rotate does there.
+    300 runs). The out-of-place kernel's PTX for sm_90 is the same with this function as with the
+    compiler's choice on all 288 specializations of tools/rotation_ptx.py (triton 3.6), so its bits do
+    not change; the in-place kernel's differs on 68 of 192. Triton 3.9 warns that 3.10 stops fusing by
+    default; written out, the rotation keeps its one fused product there too. The interpreter rounds both
+    products and the sum to FP32 (docs/contract.md), as before.
     """
     if COMPILED:
         return tl.fma(own, cos, signed_mate_times_sin)

@@ -3,7 +3,8 @@
 Rows are walked in token-major order, `row = (b*S + s)*H + h`, so the output is written as a
 contiguous [B, S, H, D] buffer while `x` is read through its own strides (no transpose copy).
 The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1); the
-leading D-R channels are copied. Math is FP32 with one rounding at the store.
+leading D-R channels are copied. Math is FP32 (compiled: each lane fma(own, cos, rn(+-partner * sin)),
+written out in `rotate_lane`), rounded once more at the store.
 
 In place (`apply_partial_rope_triton_`): only the R rotary channels of each row are read and written,
 through x's own strides, with the same arithmetic (the same bits); the leading D-R channels are not
@@ -76,7 +77,7 @@ def _rotate(
     if INVERSE:
         sn = -sn
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = a * cs + tl.where(second, p, -p) * sn
+    rotated = rotate_lane(a, cs, tl.where(second, p, -p) * sn)
     result = tl.where(rot, rotated.to(out.dtype.element_ty), v)
     tl.store(out_row + c, result, mask=valid)
 
@@ -110,10 +111,8 @@ def _rotate_inplace(
     one store: the pair partner comes from registers (swap_pairs) and each table entry is loaded once
     per pair (pair_table); the first form of this kernel loaded every partner a second time, a gather
     (docs/perf.md times both). Rows are disjoint (check_writable), so no store meets a value still to
-    be read. The rotation is _rotate's as the compiler builds it, each lane's own product fused
-    (rotate_lane writes that fma out: left to the compiler, the fused product differed between this
-    kernel and _rotate on one layout); the names differ so that each mutant of the catalog edits one
-    kernel.
+    be read. The rotation is _rotate's, rotate_lane on the same operands (the same bits); the names
+    differ so that each mutant of the catalog edits one kernel.
     """
     head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP
     tile = tl.program_id(0)
