@@ -90,16 +90,17 @@ def test_decode_shape_and_empty():
 
 @pytest.mark.parametrize(
     "shape,rotary",
-    [((2, 3, 40, 16), 8), ((1, 5, 70, 32), 32), ((3, 3, 1, 16), 8), ((2, 1, 33, 8), 2)],
-    ids=["3_heads_80_tokens", "5_heads_70_tokens", "3_heads_decode", "1_head"],
+    [((2, 3, 41, 16), 8), ((1, 5, 70, 32), 32), ((1, 5, 1, 16), 8), ((2, 64, 1, 16), 8), ((2, 1, 33, 8), 2)],
+    ids=["3_heads_82_tokens", "5_heads_70_tokens", "5_heads_decode", "64_heads_decode", "1_head"],
 )
 def test_tiles_of_heads(shape, rotary):
-    """A tile is GROUP neighbouring heads at consecutive tokens (rope.inplace_config): head counts that
-    are not a multiple of GROUP, token counts that do not fill the last tile, both on this platform's
-    tile (enough tokens for tiles of two heads, and decode's tiles of every head of one token)."""
+    """A tile is GROUP neighbouring heads at M // GROUP consecutive tokens (rope.inplace_config): head counts
+    that are not a multiple of GROUP, token counts that do not fill the last tile, and tiles of one token's
+    heads (GROUP == M: decode, on both platforms' tiles for 64 heads), each case on this platform's tile."""
     b, h, s, d = shape
     config = inplace_config(rotary, h, b * s)
-    assert h % config["GROUP"] or config["GROUP"] > h or (b * s) % (config["M"] // config["GROUP"])
+    group, rows = config["GROUP"], config["M"]
+    assert h % group or (b * s) % (rows // group) or group == rows, config
     cos, sin = tables(b, s, rotary, seed=h, per_batch=True)
     check_in_place(laid_out(shape, torch.bfloat16, Layout(order=(0, 2, 1, 3), guard=d), seed=s), cos, sin, rotary)
 

@@ -14,9 +14,19 @@ import torch
 import triton
 import triton.language as tl
 
-# Triton decides at decoration time whether `@triton.jit` compiles or interprets, from this
-# variable; reading it once at import gives the same answer the kernels were built with.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _triton_interprets() -> bool:
+    """Whether `@triton.jit` builds interpreted functions here, asked as Triton asks it at decoration time:
+    its runtime knob where it has one (`triton.knobs`, in 3.6 and 3.9: TRITON_INTERPRET read as a boolean,
+    1, true, on, yes), else the variable equal to "1" (triton 3.2 has no knobs)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Read once at import, the answer the kernels were built with (they are decorated at import too).
+INTERPRET = _triton_interprets()
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 QKV_FORMATS = ("bshd", "thd")  # rope_utils: [batch, sequence, heads, channels] or packed [tokens, heads, channels]

@@ -114,6 +114,7 @@ def _rotate_inplace(
     be read. The rotation is _rotate's, rotate_lane on the same operands (the same bits); the names
     differ so that each mutant of the catalog edits one kernel.
     """
+    tl.static_assert(M % GROUP == 0)  # a tile is whole tokens of GROUP heads: no row twice
     head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP
     tile = tl.program_id(0)
     i = tl.arange(0, M)
@@ -125,7 +126,8 @@ def _rotate_inplace(
     batch = token // SEQUENCE
     x_row = x + (batch * XB + position * XS + head * XH)[:, None]
 
-    lane = tl.arange(0, BLOCK)[None, :]  # position inside the rotary slice
+    # position inside the rotary slice; int64: own_channel * XD passes 2**31 on a channel-strided x
+    lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]
     lane_ok = row_ok[:, None] & (lane < ROTARY)
     odd = (lane & 1) == 1  # second channel of its pair
     own_channel = lane + (DIM - ROTARY)

@@ -263,7 +263,8 @@ def flash_attn_preset():
             return c[0].contiguous(), s[0].contiguous(), 0
         batch, seq = c.shape[:2]
         offsets = torch.arange(batch, device=c.device, dtype=torch.int32) * seq
-        return c.reshape(batch * seq, -1).contiguous(), s.reshape(batch * seq, -1).contiguous(), offsets
+        rows = batch * seq  # shapes spelled out: reshape cannot infer -1 from an empty table
+        return c.reshape(rows, c.shape[-1]).contiguous(), s.reshape(rows, s.shape[-1]).contiguous(), offsets
 
     def launch(y, cos, sin, rotary, conjugate):
         c, s, offsets = their_tables(cos, sin)

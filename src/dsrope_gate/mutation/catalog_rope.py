@@ -328,7 +328,14 @@ MUTANTS = [
         "in place: 32-bit row offsets (wrap past 2**31 elements)",
         ("(tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)", "(tile % head_blocks) * GROUP + i % GROUP)"),
         ("token = (tile // head_blocks).to(tl.int64) * (M // GROUP)", "token = (tile // head_blocks) * (M // GROUP)"),
+        ("lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]", "lane = tl.arange(0, BLOCK)[None, :]"),
         gpu_only=True,
+    ),
+    mutant(
+        "rope.inplace_head_mask_dropped",
+        ROPE,
+        "in place: no head < HEADS mask: a partial head block rotates the next token's first heads a second time",
+        ("row_ok = (head < HEADS) & (token < tokens)", "row_ok = token < tokens"),
     ),
     mutant(
         "rope.inplace_tile_token_stride",
