@@ -56,6 +56,28 @@ def check_in_place(x: torch.Tensor, cos, sin, rotary: int) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "shape,rotary",
+    [((2, 3, 41, 16), 8), ((1, 5, 70, 32), 32), ((1, 5, 1, 16), 8), ((2, 64, 1, 16), 8), ((2, 1, 33, 8), 2)],
+    ids=["3_heads_82_tokens", "5_heads_70_tokens", "5_heads_decode", "64_heads_decode", "1_head"],
+)
+def test_tiles_of_heads(shape, rotary):
+    """A tile is GROUP neighbouring heads at M // GROUP consecutive tokens (rope.inplace_config): head counts
+    that are not a multiple of GROUP, token counts that do not fill the last tile, and tiles of one token's
+    heads (GROUP == M: decode, on both platforms' tiles for 64 heads), each case on this platform's tile."""
+    b, h, s, d = shape
+    config = inplace_config(rotary, h, b * s)
+    group, rows = config["GROUP"], config["M"]
+    assert h % group or (b * s) % (rows // group) or group == rows, config
+    cos, sin = tables(b, s, rotary, seed=h, per_batch=True)
+    # guard: room past the last token for the GROUP - 1 heads a tile may hold beyond H, so that a kernel
+    # without its head mask writes there (a failure here) instead of past the allocation (a crash, by luck).
+    # This test comes first in the module: under `pytest -x` (the mutation runner) it fails before any
+    # unguarded launch can corrupt the heap.
+    layout = Layout(order=(0, 2, 1, 3), guard=8 * d)
+    check_in_place(laid_out(shape, torch.bfloat16, layout, seed=s), cos, sin, rotary)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_same_bits_as_out_of_place_and_nothing_else_written(dtype, name):
@@ -86,23 +108,6 @@ def test_decode_shape_and_empty():
     empty = torch.empty(2, 3, 0, 96, dtype=torch.bfloat16, device=DEVICE)
     cos, sin = tables(2, 0, 32)
     assert apply_partial_rope_triton_(empty, cos, sin, 32) is empty
-
-
-@pytest.mark.parametrize(
-    "shape,rotary",
-    [((2, 3, 41, 16), 8), ((1, 5, 70, 32), 32), ((1, 5, 1, 16), 8), ((2, 64, 1, 16), 8), ((2, 1, 33, 8), 2)],
-    ids=["3_heads_82_tokens", "5_heads_70_tokens", "5_heads_decode", "64_heads_decode", "1_head"],
-)
-def test_tiles_of_heads(shape, rotary):
-    """A tile is GROUP neighbouring heads at M // GROUP consecutive tokens (rope.inplace_config): head counts
-    that are not a multiple of GROUP, token counts that do not fill the last tile, and tiles of one token's
-    heads (GROUP == M: decode, on both platforms' tiles for 64 heads), each case on this platform's tile."""
-    b, h, s, d = shape
-    config = inplace_config(rotary, h, b * s)
-    group, rows = config["GROUP"], config["M"]
-    assert h % group or (b * s) % (rows // group) or group == rows, config
-    cos, sin = tables(b, s, rotary, seed=h, per_batch=True)
-    check_in_place(laid_out(shape, torch.bfloat16, Layout(order=(0, 2, 1, 3), guard=d), seed=s), cos, sin, rotary)
 
 
 def refused():
