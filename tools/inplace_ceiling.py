@@ -82,10 +82,12 @@ def inputs(b, h, s, dim):
 
 
 def kernel_call(x, cos, sin, m, warps):
+    """The kernel on M consecutive token-major rows a program (every head of a token in a tile, as the
+    load+store kernel below walks them)."""
     b, h, s, dim = x.shape
-    rows = b * h * s
-    return lambda: rope._rotate_inplace[(triton.cdiv(rows, m),)](
-        x, cos, sin, rows, s, h, dim, R, *x.stride(), *cos.stride(), *sin.stride(), M=m, BLOCK=R, num_warps=warps
+    config = dict(M=m, GROUP=min(m, triton.next_power_of_2(h)), BLOCK=R, num_warps=warps)
+    return lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
+        x, cos, sin, b * s, s, h, dim, R, *x.stride(), *cos.stride(), *sin.stride(), **config
     )
 
 

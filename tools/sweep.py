@@ -82,7 +82,7 @@ def launch(kernel, t, config, old=None):
             x, cos, sin, *geometry, *x.stride(), *tables, **dict(config, BLOCK=R)
         )
     if kernel == "rope_inplace":  # x rotated again on every call: only the R rotary channels move
-        config = dict(config, GROUP=config.get("GROUP", min(config["M"], h)), BLOCK=R)
+        config = dict(config, GROUP=config.get("GROUP", min(config["M"], triton.next_power_of_2(h))), BLOCK=R)
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )

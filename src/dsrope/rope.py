@@ -152,15 +152,12 @@ def inplace_config(rotary: int, heads: int, tokens: int) -> dict:
     shape. Any tile gives every element the same instructions (no reduction): the bits do not depend on it.
     The interpreter pays per program: big tiles on CPU.
     """
-    block = next_pow2(rotary)
-    if INTERPRET:
-        m, warps = max(1, min(64, (1 << 16) // block)), {}
-    else:
-        m, warps = max(1, INPLACE_ELEMENTS // block), {"num_warps": INPLACE_WARPS}
-        while m > 4 and heads * tokens < INPLACE_PROGRAMS * m:
-            m //= 2
+    config = tile_config(rotary, INPLACE_ELEMENTS, INPLACE_WARPS)
+    m = config["M"]
+    while not INTERPRET and m > 4 and heads * tokens < INPLACE_PROGRAMS * m:
+        m //= 2
     group = min(m, next_pow2(heads), INPLACE_GROUP if tokens >= m // INPLACE_GROUP else m)
-    return dict(M=m, GROUP=group, BLOCK=block, **warps)
+    return {**config, "M": m, "GROUP": group}
 
 
 INPLACE_ELEMENTS, INPLACE_GROUP, INPLACE_WARPS, INPLACE_PROGRAMS = 1024, 2, 4, 16

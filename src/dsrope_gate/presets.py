@@ -289,10 +289,6 @@ def flash_attn_preset():
     def rotate(x, cos, sin, rotary):
         return Rotary.apply(x, cos, sin, rotary)
 
-    def in_place(x, cos, sin, rotary):
-        """Their in-place call on x itself (a view of token-major storage)."""
-        return launch(x.transpose(1, 2), cos, sin, rotary, False).transpose(1, 2)
-
     def prepare_in_place(x, cos, sin, rotary):
         """Their in-place call on x itself with the tables already in their convention, for the benchmark:
         the returned call is their function alone, as a user holding [S, R/2] tables would call it."""
@@ -300,7 +296,6 @@ def flash_attn_preset():
         rotary_slice = x.transpose(1, 2)[..., x.shape[-1] - rotary :]
         return lambda: module.apply_rotary(rotary_slice, c, s, seqlen_offsets=offsets, interleaved=True, inplace=True)
 
-    rotate.in_place = in_place
     rotate.prepare_in_place = prepare_in_place
     return [("flash-attn:apply_rotary", "partial_rope", rotate)]
 
