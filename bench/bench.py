@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton  # noqa: E402
+from dsrope_gate import differential  # noqa: E402
+from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
 TRITON_SAMPLES = 3
@@ -46,21 +47,13 @@ DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]
 DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES = 200, 20, 5
 
 
-def eager_rotate(y, cos, sin):
-    """FP32 interleaved rotation of the trailing R channels, cast back: the unfused reference chain."""
-    f = y.float()
-    keep, a, b = f[..., : D - R], f[..., D - R :: 2], f[..., D - R + 1 :: 2]
-    c, s = cos[:, None, :, : R // 2], sin[:, None, :, : R // 2]
-    rot = torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
-    return torch.cat((keep, rot), -1).to(y.dtype)
-
-
 def eager_qnorm_rope(x, cos, sin):
-    return eager_rotate(F.rms_norm(x, (D,), eps=EPS), cos, sin)
+    """The unfused reference chain (dsrope_gate.differential): F.rms_norm, then the FP32 rotation."""
+    return differential.eager_qnorm_rope(x, cos, sin, R, EPS)
 
 
 def eager_partial_rope(x, cos, sin):
-    return eager_rotate(x, cos, sin)
+    return differential.eager_partial_rope(x, cos, sin, R)
 
 
 # Shapes, layouts and requires_grad vary across the run: allow the recompiles (the default limit
@@ -161,7 +154,7 @@ def main():
     gpu = torch.cuda.get_device_name()
     versions = f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}"
     if args.inplace or args.peers:
-        peers = peer_impls(args.peers.split(",")) if args.peers else {}
+        peers = peer_impls(args.peers.split(",")) if args.peers else []
         inplace(out, [(1, 64, 4096)] if args.quick else SHAPES, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES,
                 versions, peers)  # fmt: skip
         return
@@ -314,29 +307,18 @@ def decode(out, shapes, versions):
 # --- partial RoPE in place beside out of place (issue 27), and the peers (issue 26) --------------------
 
 
-def peer_impls(names: list[str]) -> dict:
-    """name -> (op, callable with our signature) for each preset of `names` ("all": every one) that loads
-    here (CUDA)."""
+def peer_impls(names: list[str]) -> list:
+    """The presets' implementations (dsrope_gate.presets.Implementation) of `names` ("all": every one)
+    that load here (CUDA), the controls left out: ours and the eager chain have their own columns."""
     from dsrope_gate import presets
 
-    found = {}
-    for name, op, fn in presets.load(names, "cuda", None, lambda msg: print(msg, flush=True)):
-        if name.split(":")[0] in ("dsrope", "eager-chain"):
-            continue  # the controls: ours and the eager chain have their own columns
-        found[name] = (op, fn)
-    return found
+    loaded = presets.load(names, "cuda", None, lambda msg: print(msg, flush=True))
+    return [impl for impl in loaded if impl.name.split(":")[0] not in ("dsrope", "eager-chain")]
 
 
-class Prepared:
-    """A peer's call whose arguments are put into its convention before timing (prepare(x, cos, sin) -> call)."""
-
-    def __init__(self, prepare_in_place):
-        self.prepare = lambda x, cos, sin: prepare_in_place(x, cos, sin, R)
-
-
-def bind(fn, x, cos, sin):
-    """A call of fn on these inputs, with nothing left to do but the call."""
-    return fn.prepare(x, cos, sin) if isinstance(fn, Prepared) else functools.partial(fn, x, cos, sin)
+def called(fn):
+    """prepare(x, cos, sin) -> the call to time: fn on these inputs, with nothing left to do but the call."""
+    return lambda x, cos, sin: functools.partial(fn, x, cos, sin)
 
 
 def inplace_bytes(b, h, s, moved_channels):
@@ -355,32 +337,36 @@ def inplace(out, shapes, decode_shapes, versions, peers):
     print(meta, flush=True)
     rows = []
     impls = {
-        "dsrope out of place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton(x, c, s, R), D),
-        "dsrope in place": ("partial_rope", lambda x, c, s: apply_partial_rope_triton_(x, c, s, R), R),
+        "dsrope out of place": ("partial_rope", called(lambda x, c, s: apply_partial_rope_triton(x, c, s, R)), D),
+        "dsrope in place": ("partial_rope", called(lambda x, c, s: apply_partial_rope_triton_(x, c, s, R)), R),
     }
-    for name, (op, fn) in peers.items():
-        if op == "partial_rope" and hasattr(fn, "prepare_in_place"):  # their call alone, tables made beforehand
-            impls[f"{name} (in place)"] = (op, Prepared(fn.prepare_in_place), R)
-        elif op == "partial_rope" and hasattr(fn, "in_place"):  # theirs in place, on x itself: R channels
-            impls[f"{name} (in place)"] = (op, lambda x, c, s, fn=fn: fn.in_place(x, c, s, R), R)
-        elif op == "partial_rope":
-            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R), D)
+    for peer in (p for p in peers if p.op is PARTIAL_ROPE):
+        if peer.prepare_in_place:  # their call alone, tables made beforehand
+            prepare = lambda x, c, s, p=peer: p.prepare_in_place(x, c, s, R)
+            impls[f"{peer.name} (in place)"] = ("partial_rope", prepare, R)
+        elif peer.in_place:  # theirs in place, on x itself: R channels
+            impls[f"{peer.name} (in place)"] = (
+                "partial_rope",
+                called(lambda x, c, s, p=peer: p.in_place(x, c, s, R)),
+                R,
+            )
+        else:
+            impls[peer.name] = ("partial_rope", called(lambda x, c, s, p=peer: p.fn(x, c, s, R)), D)
     # Q norm + RoPE forward: every channel is read and written by every implementation
-    impls["dsrope qnorm_rope_triton"] = ("qnorm_rope", lambda x, c, s: qnorm_rope_triton(x, c, s, R, EPS), D)
-    for name, (op, fn) in peers.items():
-        if op == "qnorm_rope":
-            impls[name] = (op, lambda x, c, s, fn=fn: fn(x, c, s, R, EPS), D)
+    impls["dsrope qnorm_rope_triton"] = ("qnorm_rope", called(lambda x, c, s: qnorm_rope_triton(x, c, s, R, EPS)), D)
+    for peer in (p for p in peers if p.op is QNORM_ROPE):
+        impls[peer.name] = ("qnorm_rope", called(lambda x, c, s, p=peer: p.fn(x, c, s, R, EPS)), D)
     with torch.no_grad():
         for b, h, s in shapes:
             for layout in ("token_major", "head_major"):
                 x, cos, sin = make_inputs(b, h, s, layout)
-                for name, (_, fn, moved) in impls.items():
+                for name, (_, prepare, moved) in impls.items():
                     if x.numel() > 2**31 and not name.startswith("dsrope"):
                         # veomni 0.1.12 crashed past 2**31 elements (illegal address, H200 2026-12-04) and
                         # the crash poisons the CUDA context for every later row: peers stop below it
                         continue
                     try:
-                        call = bind(fn, x, cos, sin)
+                        call = prepare(x, cos, sin)
                         ms = statistics.median(do_bench(call, warmup=25, rep=100, return_mode="all"))
                     except Exception as e:  # a peer that refuses a layout: a row saying so
                         print(f"{name} {b}x{h}x{s} {layout}: {type(e).__name__}: {e}"[:300], flush=True)
@@ -396,9 +382,9 @@ def inplace(out, shapes, decode_shapes, versions, peers):
         decode_rows = []
         for b, h in decode_shapes:
             x, cos, sin = decode_inputs(b, h)
-            for name, (_, fn, _moved) in impls.items():
+            for name, (_, prepare, _moved) in impls.items():
                 try:
-                    call = bind(fn, x, cos, sin)
+                    call = prepare(x, cos, sin)
                     call()
                     row = dict(impl=name, B=b, H=h, S=1, us=per_call_us(call), graph_us=per_replayed_call_us(call))
                 except Exception as e:

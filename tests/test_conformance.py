@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import dsrope
-from dsrope_gate import conformance, semantics
+from dsrope_gate import conformance
 from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope
 from dsrope_gate.inputs import ON_GPU
+from dsrope_gate.ops import JUDGED
 
 SWEEP = 4  # drawn cases per run: the canonical, golden and layout cases carry most of the evidence
 
@@ -62,7 +63,7 @@ def refuses_fp16(x, cos, sin, rotary, *eps):
 def emulation_impl(op, label):
     """The emulation as an implementation; it computes on the CPU on any device (on a GPU, torch's own
     reductions would move last bits, and this test is about the command, not about torch's kernels)."""
-    emulate = semantics.emulations(op, "forward")[label]
+    emulate = JUDGED[op].emulations["forward"][label]
 
     def impl(x, cos, sin, rotary, *eps):
         out = emulate(x.cpu(), cos.cpu(), sin.cpu(), rotary, eps[0] if eps else None, None)
@@ -80,7 +81,7 @@ def judged(request):
     impls += [("raises", raises), ("wrong-shape", wrong_shape), ("refuses-fp16", refuses_fp16)]
     if op == "partial_rope":
         impls.append(("writes-into-x", writes_into_x))
-    impls += [(f"emulation {label}", emulation_impl(op, label)) for label in semantics.emulations(op, "forward")]
+    impls += [(f"emulation {label}", emulation_impl(op, label)) for label in JUDGED[op].emulations["forward"]]
     device = "cuda" if ON_GPU else "cpu"
     results, meta = conformance.run(op, impls, device, examples=SWEEP, seed=0, progress=lambda msg: None)
     json.dumps(results, default=str)  # the JSON the command writes holds these
@@ -89,7 +90,7 @@ def judged(request):
 
 def test_each_semantics_is_named_with_its_own_label(judged):
     op, results, _ = judged
-    for label in semantics.emulations(op, "forward"):
+    for label in JUDGED[op].emulations["forward"]:
         forward = results[f"emulation {label}"]["forward"]
         assert forward["semantics"] == label.split("+"), (label, forward["semantics"])
         inside = all(part in INSIDE for part in label.split("+"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference.floats import bits
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import dsrope.qnorm_rope
@@ -31,7 +32,7 @@ from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from dsrope.qnorm_rope import qnorm_rope, qnorm_rope_backward
 from dsrope.rope import partial_rope, partial_rope_backward
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_qk, freqs_cis_from_position_ids, precompute_freqs_cis
-from dsrope_gate.inputs import DEVICE, bits, laid_out, tables, values
+from dsrope_gate.inputs import DEVICE, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of
 
 SHAPE, ROTARY, EPS = (2, 3, 5, 24), 8, 1e-6  # B, H, S, D: no two equal, so no size is guessed equal to another

@@ -21,7 +21,8 @@ import pytest
 import torch
 from dsrope_reference.floats import judge
 
-from dsrope_gate import golden
+from dsrope_gate import golden, snapshots
+from dsrope_gate.startup import interpreting
 
 NAMES = [c.name for c in golden.CASES]
 # Cases the interpreter cannot run right, as strict xfails. Empty: the interpreter's wrong widening of
@@ -44,7 +45,7 @@ def stored(name: str):
 @cache
 def kernel_outputs(name: str):
     record, tensors = stored(name)
-    return golden.run_kernels(record, tensors)
+    return snapshots.run_kernels(record, tensors)
 
 
 def test_golden_files_match_their_hashes(manifest):
@@ -58,7 +59,7 @@ def test_manifest_lists_the_tools_cases(manifest):
     stored_records = {c["name"]: c for c in manifest["cases"]}
     assert sorted(stored_records) == sorted(NAMES)
     for case in golden.CASES:
-        record = golden.case_record(case, golden.make_inputs(case))
+        record = golden.case_record(case, case.logical())
         assert record == stored_records[case.name], f"case {case.name}: dsrope_gate.cases and golden/ disagree"
 
 
@@ -67,7 +68,7 @@ def test_reference_reproduces_stored_outputs(manifest, name):
     record, tensors = stored(name)
     case = next(c for c in golden.CASES if c.name == name)
     inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
-    golden.laid_out_inputs(record, inputs, "cpu")  # the recorded layouts rebuild with these values
+    golden.laid_out_inputs(record, tensors, "cpu")  # the recorded layouts rebuild with these values
     fresh = golden.encode_case(case, inputs, golden.reference_stages(case, inputs))
     assert sorted(fresh) == sorted(tensors), f"case {name}: the reference gives other stages than stored"
     outputs = [k for k in tensors if not k.startswith("input.")]
@@ -95,7 +96,7 @@ def test_generation_is_bitwise_reproducible():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kernels_within_stored_model(manifest, name, request):
-    if golden.interpreting() and name in INTERPRETER_WRONG:
+    if interpreting() and name in INTERPRETER_WRONG:
         request.applymarker(pytest.mark.xfail(strict=True, reason=INTERPRETER_WRONG[name]))
     record, tensors = stored(name)
     problems = []
@@ -130,13 +131,13 @@ def test_v3_kernels_fall_outside_the_other_pairing(manifest, name):
 
 @cache
 def platform_snapshot():
-    _, sidecar = golden.snapshot_paths(golden.GOLDEN, golden.platform_key())
+    _, sidecar = golden.snapshot_paths(golden.GOLDEN, snapshots.platform_key())
     return golden.read_snapshot(sidecar) if sidecar.is_file() else None
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_bits_match_platform_snapshot(manifest, name):
-    key = golden.platform_key()
+    key = snapshots.platform_key()
     snapshot = platform_snapshot()
     if snapshot is None:
         pytest.skip(f"no kernel snapshot for {key}: record one with `python -m tools.golden --update-snapshot`")

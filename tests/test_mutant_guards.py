@@ -25,6 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dsrope_reference import qnorm_rope as qmodel
+from dsrope_reference.floats import bits
 from dsrope_reference.rope import partial_rope
 
 import dsrope.qnorm_rope
@@ -33,7 +34,6 @@ from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize
 
-BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 # At D = 20 a program covers at most 64 rows on either device: a band of 64 rows of twice D covers
 # every write a missing row mask or a channel mask past D can make.
 SHAPE, ROTARY = (1, 3, 11, 20), 8  # 33 rows; D = 20 < tile width 32
@@ -57,9 +57,9 @@ class GuardedOutputs:
     def assert_bands_untouched(self, expected_buffers):
         assert len(self.made) == expected_buffers, "the launchers no longer allocate through token_major_empty"
         for buf, before, band, n in self.made:
-            bits, was = buf.view(BITS[buf.dtype]).cpu(), before.view(BITS[buf.dtype]).cpu()
+            now, was = bits(buf), bits(before)
             for name, sl in (("before", slice(0, band)), ("after", slice(band + n, None))):
-                changed = (bits[sl] != was[sl]).nonzero().flatten()
+                changed = (now[sl] != was[sl]).nonzero().flatten()
                 assert changed.numel() == 0, (
                     f"{changed.numel()} elements written {name} the output (first at band index {changed[:4].tolist()})"
                 )

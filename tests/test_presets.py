@@ -15,6 +15,7 @@ import pytest
 
 from dsrope_gate import conformance, presets
 from dsrope_gate.inputs import ON_GPU
+from dsrope_gate.ops import JUDGED
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU expectations; the H200's are in docs/conformance.md")
 
@@ -41,8 +42,8 @@ def judged():
     skipped = []
     loaded = presets.load(PEERS, "cpu", None, skipped.append)
     results = {}
-    for op in conformance.OPS:
-        impls = [(name, fn) for name, o, fn in loaded if o == op]
+    for op in JUDGED.values():
+        impls = [(impl.name, impl.fn) for impl in loaded if impl.op is op]
         if impls:
             found, _ = conformance.run(op, impls, "cpu", examples=2, progress=lambda msg: None)
             results |= {r["impl"]: r for r in found}

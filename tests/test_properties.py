@@ -45,16 +45,22 @@ if __name__ == "__main__":
 
 from dsrope_reference import qnorm_rope as qmodel  # noqa: E402
 from dsrope_reference import rope_utils as v3_model  # noqa: E402
-from dsrope_reference.floats import U32, fmt  # noqa: E402
+from dsrope_reference.floats import (  # noqa: E402
+    U32,
+    bits,  # noqa: E402
+    fmt,
+)
 from dsrope_reference.rope import partial_rope, tables  # noqa: E402
 from hypothesis import event, example, given, note, target  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_half_split  # noqa: E402
-from dsrope_gate.inputs import DEVICE, bits  # noqa: E402
+from dsrope_gate.cases import Case, Drawn, Tables, Values  # noqa: E402
+from dsrope_gate.inputs import DEVICE  # noqa: E402
 from dsrope_gate.layouts import Layout, layout_of  # noqa: E402
-from dsrope_gate.strategies import Case, Tables, V3Case, Values, cases, v3_cases  # noqa: E402
+from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE  # noqa: E402
+from dsrope_gate.strategies import V3Case, cases, v3_cases  # noqa: E402
 
 TINY32 = 2.0**-126  # smallest normal FP32
 # On a GPU, an FP32 reduction associates in the order the compiled code chose for its access
@@ -63,7 +69,7 @@ TINY32 = 2.0**-126  # smallest normal FP32
 # backward mean, the V3 table gradient) may then differ in the last bits between a strided and a
 # contiguous input (seen on the H200: channel stride 2 moved rstd by 1 ulp). The interpreter and
 # the CPU reduce in one order whatever the strides.
-REDUCTION_ORDER_FOLLOWS_LAYOUT = DEVICE != "cpu"
+REDUCTION_ORDER_FOLLOWS_LAYOUT = DEVICE.type != "cpu"
 FLT_MAX = float(torch.finfo(torch.float32).max)
 
 
@@ -162,14 +168,15 @@ def contiguous(*ts):
 # D = 3: partial RoPE takes only an even D (the round trip must slice channel 0 off), and the
 # 4-lane tile's last lane reads the table's NaN tail when the pair mask is dropped (fault Q5).
 ODD_CHANNELS = Case(
+    name="odd channels",
     shape=(1, 1, 1, 3),
     rotary=2,
     dtype="bfloat16",
-    x=Values(kind="normal", seed=0),
+    values=Drawn(x=Values(kind="normal", seed=0), tables=Tables(kind="angles", seed=0), grad=Values("normal", 0)),
     x_layout=Layout(order=(0, 2, 1, 3)),
-    tables=Tables(kind="angles", seed=0),
-    grad=Values(kind="normal", seed=0),
     grad_layout=Layout(order=(0, 2, 1, 3)),
+    cos_layout=Layout(),
+    sin_layout=Layout(),
 )
 # half-split of a permuted x: its result follows x's layout (no contiguity is promised)
 HALF_SPLIT_PERMUTED = V3Case(
@@ -216,7 +223,7 @@ ODD_OFFSET_GRADIENT = replace(
 # --- partial RoPE ------------------------------------------------------------------------------
 
 
-@given(case=cases("rope"))
+@given(case=cases(PARTIAL_ROPE))
 def test_rope_forward_within_model(case):
     x, cos, sin, _ = build(case, "test_rope_forward_within_model")
     untouched = Untouched(x=x, cos=cos, sin=sin)
@@ -225,7 +232,7 @@ def test_rope_forward_within_model(case):
     untouched.check()
 
 
-@given(case=cases("rope"))
+@given(case=cases(PARTIAL_ROPE))
 def test_rope_backward_within_model(case):
     x, cos, sin, grad = build(case, "test_rope_backward_within_model")
     untouched = Untouched(grad=grad, cos=cos, sin=sin)
@@ -234,7 +241,7 @@ def test_rope_backward_within_model(case):
     untouched.check()
 
 
-@given(case=cases("rope"))
+@given(case=cases(PARTIAL_ROPE))
 def test_rope_layout_invariant(case):
     x, cos, sin, grad = build(case, "test_rope_layout_invariant")
     xc, cc, sc, gc = contiguous(x, cos, sin, grad)
@@ -307,7 +314,7 @@ def trailing_pairs(rotary):
     return pairs, keep
 
 
-@given(case=cases("rope"))
+@given(case=cases(PARTIAL_ROPE))
 def test_rope_inverse_returns_input(case):
     """Forward, then the backward (the conjugate rotation) applied to the output: x again."""
     x, cos, sin, _ = build(case, "test_rope_inverse_returns_input")
@@ -322,7 +329,7 @@ def test_rope_inverse_returns_input(case):
 # --- Q RMSNorm + RoPE ----------------------------------------------------------------------------
 
 
-@given(case=cases("qnorm"))
+@given(case=cases(QNORM_ROPE))
 def test_qnorm_forward_within_model(case):
     x, cos, sin, _ = build(case, "test_qnorm_forward_within_model")
     untouched = Untouched(x=x, cos=cos, sin=sin)
@@ -334,7 +341,7 @@ def test_qnorm_forward_within_model(case):
     untouched.check()
 
 
-@given(case=cases("qnorm"))
+@given(case=cases(QNORM_ROPE))
 @example(case=ODD_CHANNELS)
 def test_qnorm_backward_within_model(case):
     x, cos, sin, grad = build(case, "test_qnorm_backward_within_model")
@@ -344,7 +351,7 @@ def test_qnorm_backward_within_model(case):
     untouched.check()
 
 
-@given(case=cases("qnorm"))
+@given(case=cases(QNORM_ROPE))
 def test_qnorm_layout_invariant(case):
     """Strided and contiguous inputs give the same bits (on CPU: everything). On a GPU the row
     reductions may associate differently (REDUCTION_ORDER_FOLLOWS_LAYOUT): there every row whose
@@ -367,7 +374,7 @@ def test_qnorm_layout_invariant(case):
     assert_identical(dx, dxc, "qnorm backward")
 
 
-@given(case=cases("qnorm"))
+@given(case=cases(QNORM_ROPE))
 @example(case=ODD_CHANNELS)
 def test_qnorm_then_inverse_rope_returns_normalized(case):
     """qnorm, then partial RoPE with the sine negated (the inverse rotation): the normalized row
@@ -418,7 +425,7 @@ def exact_scaling_rows(x64, x2_64, k, eps):
 
 
 SCALING_CASES = cases(
-    "qnorm", value_kinds=["normal", "mixed", "midpoint", "zero_rows", "huge"], eps=[1e-30, 2.0**-100, 1e-20]
+    QNORM_ROPE, value_kinds=["normal", "mixed", "midpoint", "zero_rows", "huge"], eps=[1e-30, 2.0**-100, 1e-20]
 )
 
 
@@ -548,7 +555,7 @@ def main(argv: list[str]) -> None:
     from hypothesis import Phase, settings
 
     name, source, *extra = argv
-    names = {"Case": Case, "V3Case": V3Case, "Values": Values, "Tables": Tables, "Layout": Layout}
+    names = {"Case": Case, "Drawn": Drawn, "V3Case": V3Case, "Values": Values, "Tables": Tables, "Layout": Layout}
     case = eval(source, names)
     kwargs = {k: ast.literal_eval(v) for k, v in (e.split("=", 1) for e in extra)}
     fixed = {k: st.just(v) for k, v in {"case": case, **kwargs}.items()}

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dsrope_reference.floats import bits
 from dsrope_reference.rope import partial_rope
 from hypothesis import given, note
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_
 from dsrope.rope import inplace_config, partial_rope_
-from dsrope_gate.inputs import DEVICE, DTYPES, bits, laid_out, tables, values
+from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
+from dsrope_gate.ops import PARTIAL_ROPE
 from dsrope_gate.strategies import cases
 
 LAYOUTS = {
@@ -94,7 +96,7 @@ def test_geometry(dim, rotary):
     check_in_place(x, cos, sin, rotary)
 
 
-@given(cases("rope"))
+@given(cases(PARTIAL_ROPE))
 def test_layouts_property(case):
     """Any drawn layout of x (no stride 0: x is written), drawn tables and values."""
     x, cos, sin, _ = case.build(DEVICE)

@@ -19,13 +19,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from dsrope_reference import qnorm_rope as qnorm_model
-from dsrope_reference.floats import round_down, round_up
+from dsrope_reference.floats import bits, round_down, round_up
 from dsrope_reference.rope import partial_rope, round_nearest_exact, two_sum
 
 from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
-from dsrope_gate.inputs import bits, gen, tables, values
+from dsrope_gate.inputs import gen, tables, values
 from dsrope_gate.layouts import Layout, materialize
-from dsrope_gate.semantics import CONTRACT, SEMANTICS, agreement, agreement_matrix, classify, fma32, truncate
+from dsrope_gate.ops import DIRECTIONS, JUDGED
+from dsrope_gate.semantics import agreement, agreement_matrix, classify, fma32, truncate
 
 EPS = 1e-6
 GEOMETRIES = {
@@ -35,6 +36,9 @@ GEOMETRIES = {
 }
 HALF = [(torch.bfloat16, "dsv4"), (torch.float16, "dsv4"), (torch.bfloat16, "odd"), (torch.float16, "odd")]
 MIXED = HALF + [(torch.float32, "odd")]  # the fp32 case tells fma-rotation from interleaved
+# (op, direction) -> label -> emulation; (op, direction) -> the contract's label: the ops' records
+SEMANTICS = {(op.name, d): op.emulations[d] for op in JUDGED.values() for d in DIRECTIONS}
+CONTRACT = {(op.name, d): op.contract[d] for op in JUDGED.values() for d in DIRECTIONS}
 KEYS = list(SEMANTICS)
 
 
@@ -113,7 +117,7 @@ def test_threshold_separates_every_pair_but_fma_and_interleaved_in_bf16(key):
     """The DSV4 bf16 agreement matrix (docs/semantics.md): symmetric, 1 on the diagonal, every pair
     below 0.999 except the rotations interleaved and fma-rotation under the same norm."""
     x, cos, sin, rotary, eps, grad = case(torch.bfloat16, "dsv4")
-    matrix = agreement_matrix(*key, x, cos, sin, rotary, eps, grad)
+    matrix = agreement_matrix(SEMANTICS[key], x, cos, sin, rotary, eps, grad)
     for p, row in matrix.items():
         for q, share in row.items():
             assert share == matrix[q][p]

@@ -34,11 +34,12 @@ from __future__ import annotations
 import pytest
 import torch
 from dsrope_reference import qnorm_rope as qnorm_model
+from dsrope_reference.floats import bits
 from dsrope_reference.rope import Model, partial_rope
 
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton
 from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
-from dsrope_gate.inputs import DTYPES, ON_GPU, bits, laid_out, tables
+from dsrope_gate.inputs import DTYPES, ON_GPU, laid_out, tables
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout
 
 PADDED = Layout(order=(0, 2, 1, 3), pad=(1, 2, 1, 3))

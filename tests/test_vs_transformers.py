@@ -60,6 +60,7 @@ from dsrope_gate.differential import (
 hf = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3", reason=TRANSFORMERS_MISSING)
 
 from dsrope_reference import rope_utils as ref  # noqa: E402
+from dsrope_reference.floats import bits  # noqa: E402
 from dsrope_reference.rope import Model  # noqa: E402
 
 from dsrope.rope_utils import (  # noqa: E402
@@ -69,7 +70,7 @@ from dsrope.rope_utils import (  # noqa: E402
     freqs_cis_from_position_ids,
     precompute_freqs_cis,
 )
-from dsrope_gate.inputs import DEVICE, DTYPES, ON_GPU, bits, gen, values  # noqa: E402
+from dsrope_gate.inputs import DEVICE, DTYPES, ON_GPU, gen, values  # noqa: E402
 from tests.test_rope_utils import V3_MAX_SEQ, V3_SCALING  # noqa: E402  (the config those tests use)
 
 # DeepSeek-V3's rope: qk_rope_head_dim 64, theta 10000, YaRN factor 40 over 4096 positions; and a

@@ -29,6 +29,7 @@ import struct
 
 import pytest
 import torch
+from dsrope_reference.floats import bits
 
 from dsrope.rope_utils import precompute_freqs_cis, yarn_get_mscale
 
@@ -108,9 +109,9 @@ EDGES = {
 }
 
 
-def bits(t: torch.Tensor) -> list[int]:
+def bit_list(t: torch.Tensor) -> list[int]:
     assert t.dtype == torch.float32, t.dtype
-    return t.contiguous().view(torch.int32).tolist()
+    return bits(t).tolist()
 
 
 def float_bits(v: float) -> int:
@@ -128,7 +129,7 @@ def test_yarn_edge_frequencies_equal_upstream(name):
     expected = upstream_frequencies(dim, seqlen, theta, rope_scaling)
     got = precompute_freqs_cis(dim, seqlen, theta, rope_scaling)
     assert got.dtype == torch.float32 and got.shape == (dim // 2,)
-    assert bits(got) == bits(expected)
+    assert bit_list(got) == bit_list(expected)
 
 
 def test_edge_cases_are_not_vacuous():
@@ -144,24 +145,28 @@ def test_edge_cases_are_not_vacuous():
         return upstream_frequencies(dim, seqlen, theta, None)
 
     # factor 1: the FP32 blend moves pair 13 (DeepSeek-V3's ramp) by one ulp; skipping it is a fault
-    moved = [j for j, (a, b) in enumerate(zip(bits(freqs("factor_1")), bits(plain("factor_1")), strict=True)) if a != b]
+    moved = [
+        j
+        for j, (a, b) in enumerate(zip(bit_list(freqs("factor_1")), bit_list(plain("factor_1")), strict=True))
+        if a != b
+    ]
     assert moved == [13], moved
-    assert bits(freqs("factor_1_low_clamped")) != bits(plain("factor_1_low_clamped"))
+    assert bit_list(freqs("factor_1_low_clamped")) != bit_list(plain("factor_1_low_clamped"))
     # crossed at the top: upstream divides EVERY pair by factor (a clamp of low to dim - 1 keeps them all)
     crossed = freqs("bounds_crossed_at_top")
-    assert bits(crossed) == bits(plain("bounds_crossed_at_top") / 40)
+    assert bit_list(crossed) == bit_list(plain("bounds_crossed_at_top") / 40)
     # crossed at 0: upstream keeps every frequency (a clamp of high to 0 would divide pairs 1.. by 40)
-    assert bits(freqs("bounds_crossed_at_0")) == bits(plain("bounds_crossed_at_0"))
+    assert bit_list(freqs("bounds_crossed_at_0")) == bit_list(plain("bounds_crossed_at_0"))
     # zero width at 0: pair 0 keeps its frequency, the others are divided (a step, not a NaN)
     step = freqs("zero_width_ramp_at_0")
-    assert bits(step[:1]) == bits(plain("zero_width_ramp_at_0")[:1])
-    assert bits(step[1:]) == bits(plain("zero_width_ramp_at_0")[1:] / 4)
+    assert bit_list(step[:1]) == bit_list(plain("zero_width_ramp_at_0")[:1])
+    assert bit_list(step[1:]) == bit_list(plain("zero_width_ramp_at_0")[1:] / 4)
     # zero width at the top: the whole table keeps its frequencies
-    assert bits(freqs("zero_width_ramp_at_top")) == bits(plain("zero_width_ramp_at_top"))
+    assert bit_list(freqs("zero_width_ramp_at_top")) == bit_list(plain("zero_width_ramp_at_top"))
     # at or below the original length no correction; one position more and it applies
     for name in ("seqlen_equals_original", "seqlen_below_original", "seqlen_1_below_original"):
-        assert bits(freqs(name)) == bits(plain(name))
-        assert bits(freqs(name, seqlen=4097)) != bits(plain(name))
+        assert bit_list(freqs(name)) == bit_list(plain(name))
+        assert bit_list(freqs(name, seqlen=4097)) != bit_list(plain(name))
 
 
 # mscale values of published configurations: DeepSeek-V2 / V2-Lite 0.707, DeepSeek-V3 and its

@@ -17,15 +17,8 @@ from dsrope_gate.startup import interpret_without_gpu
 
 interpret_without_gpu()
 
-from dsrope_gate.golden import (  # noqa: E402
-    GOLDEN,
-    generate,
-    manifest_path,
-    record_snapshot,
-    reference_report,
-    relname,
-    write_reference,
-)
+from dsrope_gate.golden import GOLDEN, generate, manifest_path, reference_report, relname, write_reference  # noqa: E402
+from dsrope_gate.snapshots import record_snapshot  # noqa: E402
 
 
 def main(argv=None) -> int:

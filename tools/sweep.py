@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import importlib.util
 import itertools
 import multiprocessing
 from pathlib import Path
@@ -29,6 +28,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from dsrope import qnorm_rope, rope  # noqa: E402
+from dsrope_gate.targets import load_module  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
 SHAPES = [(1, 64, 4096), (1, 128, 16384)]
@@ -96,13 +96,7 @@ def launch(kernel, t, config, old=None):
 
 
 def load_baseline(folder):
-    mods = []
-    for name in ("old_rope", "old_qnorm_rope"):
-        spec = importlib.util.spec_from_file_location(name, Path(folder) / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        mods.append(mod)
-    return tuple(mods)
+    return tuple(load_module(name, Path(folder) / f"{name}.py") for name in ("old_rope", "old_qnorm_rope"))
 
 
 BASELINE = {

@@ -118,15 +118,21 @@ INT_OF = {
 NAN_VS_NUMBER = 1 << 62  # the ulp distance of a NaN from a number: beyond any distance of two numbers
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of t as integers of its width, on the CPU: the project's one view of a float's bits
+    (bit-for-bit comparisons, orders, encodings)."""
+    return t.detach().cpu().contiguous().view(INT_OF[t.dtype])
+
+
 def ordered(t: torch.Tensor) -> torch.Tensor:
     """Integers (int64) whose order and differences count the bit patterns of t's dtype between two values.
 
     One-to-one: -0 sits one step below +0, and NaNs map beyond +-inf by their bits, so equal integers mean
     equal bits (the golden store encodes intervals as steps in this order and inverts it with from_ordered).
     """
-    bits = t.contiguous().view(INT_OF[t.dtype]).to(torch.int64)
-    magnitude = bits & ((1 << (t.element_size() * 8 - 1)) - 1)
-    return torch.where(bits < 0, -magnitude - 1, bits)
+    raw = bits(t).to(torch.int64)
+    magnitude = raw & ((1 << (t.element_size() * 8 - 1)) - 1)
+    return torch.where(raw < 0, -magnitude - 1, raw)
 
 
 def from_ordered(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -206,19 +212,22 @@ def judge(out: torch.Tensor, ref: torch.Tensor, lo: torch.Tensor, hi: torch.Tens
     ref_in_dtype = ref.to(out.dtype) if out.dtype == torch.float32 else _exact_cast(ref, out.dtype)
     ulps = ulp_distance(out.detach().cpu(), ref_in_dtype)
     bad = (~ok).nonzero()
-    first = ""
-    if len(bad):
-        i = tuple(bad[0].tolist())
-        first = (
-            f"first at index {list(i)}: kernel {out64[i].item()!r}, "
-            f"allowed [{lo[i].item()!r}, {hi[i].item()!r}], ref {ref[i].item()!r}"
-        )
+    first = describe_violation(tuple(bad[0].tolist()), out64, ref, lo, hi) if len(bad) else ""
     return Check(
         checked=ref.numel(),
         violations=int((~ok).sum()),
         bit_exact=int((ulps == 0).sum()),
         max_ulp=int(ulps.max()) if ulps.numel() else 0,
         first_violation=first,
+    )
+
+
+def describe_violation(i: tuple, got64: torch.Tensor, ref, lo, hi, what: str = "kernel") -> str:
+    """The one wording of an element outside the model: its index, the value judged (`what`), the interval
+    allowed and the correctly rounded reference."""
+    return (
+        f"first at index {list(i)}: {what} {got64[i].item()!r}, "
+        f"allowed [{lo[i].item()!r}, {hi[i].item()!r}], ref {ref[i].item()!r}"
     )
 
 

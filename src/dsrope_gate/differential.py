@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dsrope_gate.semantics import rotate_fp32
+
 TRANSFORMERS_MISSING = (
     "transformers is not installed (pyproject's test extra pins transformers==5.17.0; "
     "`pip install -e '.[test]'`): the differential checks against its DeepSeek-V3 rotary code need it"
@@ -94,12 +96,7 @@ def forward_backward(function, x, grad, *args):
 def eager_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
     """x [B, H, S, D]: the trailing `rotary` channels rotated in pairs (D-R+2k, D-R+2k+1) in FP32 by
     cos, sin [B, S, >= R/2] (entry k is pair k's), cast back to x.dtype; the rest copied."""
-    d = x.shape[-1]
-    y = x.float()
-    keep, a, b = y[..., : d - rotary], y[..., d - rotary :: 2], y[..., d - rotary + 1 :: 2]
-    c, s = cos[:, None, :, : rotary // 2], sin[:, None, :, : rotary // 2]
-    rotated = torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
-    return torch.cat((keep, rotated), -1).to(x.dtype)
+    return rotate_fp32(x.float(), cos, sin, rotary).to(x.dtype)
 
 
 def eager_qnorm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Golden tensors: the reference's outputs on fixed inputs, stored and hashed; and per-platform bit
-snapshots of what the kernels computed on those inputs.
+"""The golden store: the reference's outputs on fixed inputs (dsrope_gate.case_sets.GOLDEN), stored and
+hashed, and the files of the per-platform kernel bit snapshots (dsrope_gate.snapshots runs the kernels);
+bytes <-> tensors, hashes, the manifest, diffs.
 
     python -m tools.golden                    regenerate from the reference in memory, diff vs golden/
     python -m tools.golden --update           ... and write golden/reference/ and golden/manifest.json
@@ -28,7 +29,7 @@ golden/manifest.json: versions, error model, cases (seeds, shapes, layouts, dtyp
   of every file and every tensor's bytes, and of itself (`manifest_sha256`).
 golden/snapshots/<key>.safetensors: kernel outputs `<case>/<kernel>.<output>` on one platform; the
   sidecar <key>.json holds their hashes and the hashes of the inputs they were computed from.
-Nothing is pickled.
+Nothing is pickled. The store is found without assuming a checkout: `golden_root()`.
 """
 
 from __future__ import annotations
@@ -44,20 +45,26 @@ from pathlib import Path
 import torch
 from dsrope_reference.floats import NAN_VS_NUMBER, from_ordered, ordered, same_values, ulp_distance
 
-from dsrope_gate.cases import (
-    CASES,
-    DTYPES,
-    Case,
-    GoldenError,
-    case_record,
-    judged_stages,
-    laid_out_inputs,
-    make_inputs,
-    reference_stages,
-)
+from dsrope_gate.case_sets import GOLDEN_CASES as CASES
+from dsrope_gate.cases import DTYPES, Case, Inputs, Seeded
+from dsrope_gate.layouts import Layout, materialize
+from dsrope_gate.ops import OPS
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = ROOT / "golden"
+
+class GoldenError(Exception):
+    """A golden case or file is missing, corrupted, or does not match its record or manifest."""
+
+
+def golden_root() -> Path:
+    """The golden store: $DSROPE_GOLDEN when set, else the checkout's golden/ beside the package's src/
+    (an editable install or a PYTHONPATH into a checkout). Where neither is there the path does not exist,
+    and every reader says the manifest is missing, naming the path."""
+    if os.environ.get("DSROPE_GOLDEN"):
+        return Path(os.environ["DSROPE_GOLDEN"]).resolve()
+    return Path(__file__).resolve().parents[2] / "golden"
+
+
+GOLDEN = golden_root()
 FORMAT = 1
 # Bump when the reference changes an interval on purpose (the regenerated lo/hi then differ and
 # `--update` stores them): it names the error model the stored intervals come from.
@@ -65,6 +72,99 @@ ERROR_MODEL_VERSION = (
     "1: rope = reference/rope.py rotation_interval (2u(|p|+|q|) + FP32 flush slack, exact when FP32-exact); "
     "qnorm_rope = reference/qnorm_rope.py (rstd gamma(D+4) + rsqrt 2^-22, boundary-1 box, backward bound B)"
 )
+
+
+# --- cases <-> manifest records ------------------------------------------------------------------------
+
+# The Layout fields a case uses (Layout may grow others, with defaults: they are not recorded).
+LAYOUT_FIELDS = ("order", "pad", "step", "offset", "broadcast")
+
+
+def case_record(case: Case, inputs: dict[str, torch.Tensor]) -> dict:
+    """The manifest's description of a golden case: seeds, shapes, dtypes, ops, each input's layout."""
+    record = dict(
+        name=case.name,
+        seed=case.values.seed,
+        dtype=case.dtype,
+        shape=list(case.shape),
+        rotary=case.rotary,
+        eps=case.eps,
+        values=case.values.values,
+        x_layout=case.x_layout.name,
+        grad_layout=case.grad_layout.name,
+        table_layout=case.cos_layout.name,
+        kernels=list(case.ops),
+        qkv_format=case.qkv_format,
+        unsqueeze_dim=case.unsqueeze_dim,
+        file=f"reference/{case.name}.safetensors",
+        layouts={},
+    )
+    for name, layout in case.layouts().items():
+        view = materialize(inputs[name], layout)
+        fields = {k: getattr(layout, k) for k in LAYOUT_FIELDS}
+        fields = {k: (list(v) if isinstance(v, tuple) else v) for k, v in fields.items()}
+        record["layouts"][name] = dict(
+            fields, shape=list(view.shape), strides=list(view.stride()), storage_offset=view.storage_offset()
+        )
+    return record
+
+
+def case_from_record(record: dict) -> Case:
+    """The Case a manifest record describes (a store written by another version of the gate included)."""
+    layouts = {}
+    for name, rec in record["layouts"].items():
+        fields = {k: (tuple(rec[k]) if isinstance(rec[k], list) else rec[k]) for k in LAYOUT_FIELDS}
+        named = record["table_layout" if name in ("cos", "sin") else f"{name}_layout"]
+        layouts[name] = Layout(**fields, name=named)
+    return Case(
+        name=record["name"],
+        shape=tuple(record["shape"]),
+        rotary=record["rotary"],
+        dtype=record["dtype"],
+        values=Seeded(record["seed"], record["values"]),
+        x_layout=layouts["x"],
+        grad_layout=layouts["grad"],
+        cos_layout=layouts["cos"],
+        sin_layout=layouts["sin"],
+        eps=record["eps"],
+        ops=tuple(record["kernels"]),
+        kind="golden",
+        qkv_format=record["qkv_format"],
+        unsqueeze_dim=record["unsqueeze_dim"],
+    )
+
+
+def laid_out_inputs(record: dict, tensors: dict[str, torch.Tensor], device) -> tuple[Case, Inputs]:
+    """A stored case's Case and its inputs as an implementation gets them: each stored logical tensor in its
+    recorded layout on `device`, checked against the recorded strides, offset and values."""
+    case = case_from_record(record)
+    logical = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
+    laid = case.lay_out(logical, device)._asdict()
+    for name, rec in record["layouts"].items():
+        view = laid[name]
+        got = (list(view.shape), list(view.stride()), view.storage_offset())
+        want = (rec["shape"], rec["strides"], rec["storage_offset"])
+        if got != want:
+            raise GoldenError(
+                f"case {record['name']}: input {name} rebuilt as (shape, strides, offset) {got}, "
+                f"the manifest records {want}"
+            )
+        if not same_values(view.cpu().double(), logical[name].double()):
+            raise GoldenError(f"case {record['name']}: input {name} differs from its stored values in its layout")
+    return case, Inputs(**laid)
+
+
+def judged_stages(case: Case) -> list[str]:
+    """`op.stage` of every stage an implementation outputs for the case's ops (stored with their interval)."""
+    return [f"{name}.{stage}" for name in case.ops for stage in OPS[name].stages]
+
+
+def reference_stages(case: Case, inputs: dict[str, torch.Tensor]) -> dict:
+    """`op.stage` -> reference Model of every stage of the case's ops, on its logical inputs."""
+    logical = Inputs(inputs["x"], inputs["cos"], inputs["sin"], inputs["grad"])
+    return {
+        f"{name}.{stage}": model for name in case.ops for stage, model in OPS[name].reference(case, logical).items()
+    }
 
 
 # --- float values ------------------------------------------------------------------------------------
@@ -197,7 +297,7 @@ def versions() -> dict:
 
 def relname(path: Path) -> str:
     try:
-        return str(path.relative_to(ROOT))
+        return str(path.relative_to(GOLDEN.parent))
     except ValueError:
         return str(path)
 
@@ -287,7 +387,7 @@ def generate(cases: list[Case] = CASES) -> tuple[dict[str, bytes], bytes]:
     """Reference golden files (relative path -> bytes) and the manifest bytes, from the reference."""
     files, entries, records = {}, {}, []
     for case in cases:
-        inputs = make_inputs(case)
+        inputs = case.logical()
         record = case_record(case, inputs)
         tensors = encode_case(case, inputs, reference_stages(case, inputs))
         data = serialize(tensors, {"case": record, "error_model": ERROR_MODEL_VERSION, "format": FORMAT})
@@ -440,78 +540,16 @@ def atomic_write(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-# --- kernels and their per-platform bit snapshots --------------------------------------------------------
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def kernel_device() -> torch.device:
-    return torch.device("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
-
-
-def platform_key() -> dict:
-    import triton
-
-    device = "interpreter" if kernel_device().type == "cpu" else torch.cuda.get_device_name()
-    return {"device": device, "triton": triton.__version__}
-
-
-def key_slug(key: dict) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", f"{key['device']}-triton-{key['triton']}".lower()).strip("-")
-
-
-def run_kernels(record: dict, tensors: dict[str, torch.Tensor], device=None) -> dict[str, torch.Tensor]:
-    """The kernels of a case on its stored inputs in their recorded layouts: name -> output (CPU)."""
-    import numpy
-
-    device = kernel_device() if device is None else device
-    inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
-    laid = laid_out_inputs(record, inputs, device)
-    x, grad, cos, sin = laid["x"], laid["grad"], laid["cos"], laid["sin"]
-    with numpy.errstate(over="ignore"):  # the interpreter's FP32 overflow in the huge cases is intended
-        outputs = run_case_kernels(record, x, grad, cos, sin)
-    return {k: v.detach().cpu().contiguous() for k, v in outputs.items()}
-
-
-def run_case_kernels(record: dict, x, grad, cos, sin) -> dict[str, torch.Tensor]:
-    from dsrope import apply_partial_rope_triton, qnorm_rope_triton
-    from dsrope.qnorm_rope import qnorm_rope as qnorm_rope_op  # the op: (out, rstd)
-
-    rotary, eps = record["rotary"], record["eps"]
-    outputs = {}
-    if "v3_interleaved" in record["kernels"]:
-        from dsrope.rope_utils import apply_rotary_emb
-
-        xg = x.detach().requires_grad_()
-        out = apply_rotary_emb(xg, torch.complex(cos, sin), record["qkv_format"], record["unsqueeze_dim"])
-        (dx,) = torch.autograd.grad(out, xg, grad)
-        outputs |= {"v3_interleaved.out": out, "v3_interleaved.dx": dx}
-    if "v3_half_split" in record["kernels"]:
-        from dsrope.rope_utils import apply_rotary_emb_half_split
-
-        xg = x.detach().requires_grad_()
-        out = apply_rotary_emb_half_split(xg, torch.complex(cos, sin), record["qkv_format"])
-        (dx,) = torch.autograd.grad(out, xg, grad)
-        outputs |= {"v3_half_split.out": out, "v3_half_split.dx": dx}
-    if "qnorm_rope" in record["kernels"]:
-        xg = x.detach().requires_grad_()
-        out = qnorm_rope_triton(xg, cos, sin, rotary, eps)
-        (dx,) = torch.autograd.grad(out, xg, grad)
-        _, rstd = qnorm_rope_op(x, cos, sin, rotary, eps)
-        outputs |= {"qnorm_rope.out": out, "qnorm_rope.rstd": rstd, "qnorm_rope.dx": dx}
-    if "partial_rope" in record["kernels"]:
-        xg = x.detach().requires_grad_()
-        out = apply_partial_rope_triton(xg, cos, sin, rotary)
-        (dx,) = torch.autograd.grad(out, xg, grad)
-        outputs |= {"partial_rope.out": out, "partial_rope.dx": dx}
-    return outputs
+# --- the snapshot files (dsrope_gate.snapshots records and compares them) -------------------------------------
 
 
 def snapshot_paths(root: Path, key: dict) -> tuple[Path, Path]:
     folder, slug = root / "snapshots", key_slug(key)
     return folder / f"{slug}.safetensors", folder / f"{slug}.json"
+
+
+def key_slug(key: dict) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", f"{key['device']}-triton-{key['triton']}".lower()).strip("-")
 
 
 def read_snapshot(sidecar: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -520,18 +558,10 @@ def read_snapshot(sidecar: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return meta, read_tensors(sidecar.with_name(meta["file"]), meta)
 
 
-def record_snapshot(root: Path = GOLDEN) -> str:
-    """Run the kernels on every stored case and write the snapshot for this platform's key."""
-    manifest = verify_all(root)
-    key = platform_key()
-    outputs, inputs = {}, {}
-    for c in manifest["cases"]:
-        record, tensors = load_case(root, manifest, c["name"])
-        inputs[record["name"]] = input_hashes(tensors)
-        for name, t in run_kernels(record, tensors).items():
-            outputs[f"{record['name']}/{name}"] = t
+def write_snapshot(root: Path, key: dict, outputs: dict[str, torch.Tensor], inputs: dict[str, str]) -> Path:
+    """Store a platform's kernel outputs (`case/op.stage` -> tensor) and the hashes of the inputs they were
+    computed from; returns the data file's path."""
     data_path, sidecar = snapshot_paths(root, key)
-    report = snapshot_report(root, key, outputs)
     data = serialize(outputs, {"key": key})
     meta = {
         "about": "kernel outputs on one platform: written by `python -m tools.golden --update-snapshot`",
@@ -546,20 +576,4 @@ def record_snapshot(root: Path = GOLDEN) -> str:
     data_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(data_path, data)
     atomic_write(sidecar, with_self_hash(meta, "sidecar_sha256"))
-    return f"{report}\nrecorded {relname(data_path)} ({len(data)} bytes) and {relname(sidecar)}"
-
-
-def snapshot_report(root: Path, key: dict, outputs: dict[str, torch.Tensor]) -> str:
-    _, sidecar = snapshot_paths(root, key)
-    if not sidecar.is_file():
-        return f"no earlier snapshot for {key}"
-    try:
-        _, stored = read_snapshot(sidecar)
-    except GoldenError as e:
-        return f"earlier snapshot unusable: {e}"
-    changes = []
-    for case in sorted({k.split("/")[0] for k in set(stored) | set(outputs)}):
-        old = {k.split("/", 1)[1]: v for k, v in stored.items() if k.startswith(case + "/")}
-        new = {k.split("/", 1)[1]: v for k, v in outputs.items() if k.startswith(case + "/")}
-        changes += diff_tensors(case, old, new)
-    return summary(changes, f"kernel bits vs the earlier snapshot for {key}")
+    return data_path

@@ -1,4 +1,4 @@
-"""Inputs for judging a kernel: the device, the one maker of cos/sin tables, values, and raw bits."""
+"""Inputs for judging a kernel: the device, the one maker of cos/sin tables, values."""
 
 from __future__ import annotations
 
@@ -51,12 +51,6 @@ def values(shape, dtype, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     g = gen(seed)
     v = torch.randn(shape, generator=g, dtype=torch.float64) * scale
     return v.to(dtype)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The raw bits of t as integers of its width (on the CPU), for bit-for-bit comparisons."""
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.detach().cpu().contiguous().view(ints)
 
 
 def laid_out(shape, dtype, layout: Layout, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -20,6 +20,7 @@ class Layout:
     offset: int = 0
     broadcast: tuple[int, ...] = field(default=())  # logical dims given stride 0 (size kept)
     guard: int = 0  # NaN elements after the storage: a read past the view's extent meets NaN, not memory
+    name: str = field(default="", compare=False, repr=False)  # a named layout's name (the golden manifest's)
 
     def describe(self, shape) -> str:
         guard = f" guard={self.guard}" if self.guard else ""
@@ -29,7 +30,9 @@ class Layout:
         )
 
 
-TOKEN_MAJOR = Layout(order=(0, 2, 1, 3))  # [B, H, S, D] view of a contiguous [B, S, H, D]
+TOKEN_MAJOR = Layout(order=(0, 2, 1, 3), name="token_major")  # [B, H, S, D] view of a contiguous [B, S, H, D]
+CONTIGUOUS = Layout(name="contiguous")
+BATCH_BROADCAST = Layout(broadcast=(0,), name="batch_broadcast")  # cos/sin expanded over the batch: stride 0
 
 
 def materialize(values: torch.Tensor, layout: Layout, device=None) -> torch.Tensor:

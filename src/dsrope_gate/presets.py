@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE, Op
+from dsrope_gate.targets import load_module
 
 PINS = {
     "transformers": "transformers==5.17.0",
@@ -38,6 +42,24 @@ PINS = {
     "flash-attn": "flash-attn==2.8.3",
 }
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One preset's function for one op, with the contract's signature (`op.signature`), and what else its
+    adapter offers the benchmark, declared here (None: not offered):
+
+    in_place(x, cos, sin, rotary) -> x: their in-place call on x itself (a view of token-major storage): the
+        rotary channels of x rotated, nothing copied;
+    prepare_in_place(x, cos, sin, rotary) -> call: their in-place function alone, with its arguments (tables
+        in their convention) made beforehand: call() is what a user holding such tables would run.
+    """
+
+    name: str
+    op: Op
+    fn: Callable
+    in_place: Callable | None = None
+    prepare_in_place: Callable | None = None
 
 
 class Missing(Exception):
@@ -52,14 +74,6 @@ def _require(name: str) -> None:
         raise Missing(f"{name} is not installed: `pip install --no-deps {pin}`") from None
     if version != pin.split("==")[1]:
         raise Missing(f"{name} {version} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
-
-
-def _module_from_file(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _half(t):
@@ -88,18 +102,16 @@ def dsrope_preset():
         return dsrope.apply_partial_rope_triton_(y, cos, sin, rotary)
 
     return [
-        ("dsrope:qnorm_rope_triton", "qnorm_rope", dsrope.qnorm_rope_triton),
-        ("dsrope:apply_partial_rope_triton", "partial_rope", dsrope.apply_partial_rope_triton),
-        ("dsrope:apply_partial_rope_triton_", "partial_rope", in_place_on_copy),
+        Implementation("dsrope:qnorm_rope_triton", QNORM_ROPE, dsrope.qnorm_rope_triton),
+        Implementation("dsrope:apply_partial_rope_triton", PARTIAL_ROPE, dsrope.apply_partial_rope_triton),
+        Implementation("dsrope:apply_partial_rope_triton_", PARTIAL_ROPE, in_place_on_copy),
     ]
 
 
 def eager_chain_preset():
-    from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope
-
     return [
-        ("eager-chain:F.rms_norm+fp32-rotation", "qnorm_rope", eager_qnorm_rope),
-        ("eager-chain:fp32-rotation", "partial_rope", eager_partial_rope),
+        Implementation("eager-chain:F.rms_norm+fp32-rotation", QNORM_ROPE, QNORM_ROPE.eager),
+        Implementation("eager-chain:fp32-rotation", PARTIAL_ROPE, PARTIAL_ROPE.eager),
     ]
 
 
@@ -120,8 +132,8 @@ def transformers_preset():
         return m.apply_rotary_pos_emb(m.DeepseekV4UnweightedRMSNorm(eps)(x), _half(cos), _half(sin), unsqueeze_dim=1)
 
     return [
-        ("transformers:apply_rotary_pos_emb", "partial_rope", rotate),
-        ("transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb", "qnorm_rope", qnorm_rotate),
+        Implementation("transformers:apply_rotary_pos_emb", PARTIAL_ROPE, rotate),
+        Implementation("transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb", QNORM_ROPE, qnorm_rotate),
     ]
 
 
@@ -140,7 +152,7 @@ def veomni_preset():
             return module.apply_rotary_pos_emb_triton(x, _half(cos), _half(sin), unsqueeze_dim=1)
         return module._ApplyRotaryPosEmbTriton.apply(x, _half(cos), _half(sin))
 
-    return [("veomni:apply_rotary_pos_emb_triton", "partial_rope", rotate)]
+    return [Implementation("veomni:apply_rotary_pos_emb_triton", PARTIAL_ROPE, rotate)]
 
 
 # --- sglang: kernels/ops/attention/dsv4/rope.py (Triton, in place, forward only) -------------------------------
@@ -160,7 +172,7 @@ def _sglang_module():
         if not carried.is_file():
             raise
         path = carried
-    return _module_from_file("_dsrope_peer_sglang_dsv4_rope", path)
+    return load_module("_dsrope_peer_sglang_dsv4_rope", path)
 
 
 def _complex_rows(cos, sin):
@@ -190,8 +202,6 @@ def sglang_preset():
     def rotate(x, cos, sin, rotary):
         return in_place(_token_major_copy(x).transpose(1, 2), cos, sin, rotary)
 
-    rotate.in_place = in_place
-
     def qnorm_rotate(x, cos, sin, rotary, eps):
         b, h, s, d = x.shape
         y = _token_major_copy(x)
@@ -200,8 +210,8 @@ def sglang_preset():
         return y.transpose(1, 2)
 
     return [
-        ("sglang:apply_rotary_emb_triton", "partial_rope", rotate),
-        ("sglang:fused_norm_rope_inplace_triton", "qnorm_rope", qnorm_rotate),
+        Implementation("sglang:apply_rotary_emb_triton", PARTIAL_ROPE, rotate, in_place=in_place),
+        Implementation("sglang:fused_norm_rope_inplace_triton", QNORM_ROPE, qnorm_rotate),
     ]
 
 
@@ -228,8 +238,8 @@ def nemo_preset():
         return layers._apply_partial_rope(layers._rms_norm_last_dim(x, eps), cos, sin, rotary)
 
     return [
-        ("nemo-automodel:apply_complex_rope", "partial_rope", rotate),
-        ("nemo-automodel:deepseek_v4.q_norm+_apply_partial_rope", "qnorm_rope", qnorm_rotate),
+        Implementation("nemo-automodel:apply_complex_rope", PARTIAL_ROPE, rotate),
+        Implementation("nemo-automodel:deepseek_v4.q_norm+_apply_partial_rope", QNORM_ROPE, qnorm_rotate),
     ]
 
 
@@ -242,7 +252,7 @@ def _flash_attn_module():
         fetch_flash_attn(CACHE)
     if not path.is_file():
         raise Missing(f"flash-attn 2.8.3's rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
-    return _module_from_file("_dsrope_peer_flash_attn_rotary", path)
+    return load_module("_dsrope_peer_flash_attn_rotary", path)
 
 
 def flash_attn_preset():
@@ -296,8 +306,7 @@ def flash_attn_preset():
         rotary_slice = x.transpose(1, 2)[..., x.shape[-1] - rotary :]
         return lambda: module.apply_rotary(rotary_slice, c, s, seqlen_offsets=offsets, interleaved=True, inplace=True)
 
-    rotate.prepare_in_place = prepare_in_place
-    return [("flash-attn:apply_rotary", "partial_rope", rotate)]
+    return [Implementation("flash-attn:apply_rotary", PARTIAL_ROPE, rotate, prepare_in_place=prepare_in_place)]
 
 
 def fetch_flash_attn(cache: Path) -> None:
@@ -332,9 +341,9 @@ PRESETS = {
 }
 
 
-def load(names, device: str, ops=None, progress=print) -> list[tuple[str, str, object]]:
-    """(result name, op, callable) of each named preset ('all': every one) for `ops` (None: both); a preset
-    that cannot load is skipped with its reason."""
+def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
+    """The implementations of each named preset ('all': every one) for `ops` (op names; None: both); a
+    preset that cannot load is skipped with its reason."""
     chosen = list(PRESETS) if "all" in names else list(dict.fromkeys(names))
     unknown = [n for n in chosen if n not in PRESETS]
     if unknown:
@@ -349,7 +358,7 @@ def load(names, device: str, ops=None, progress=print) -> list[tuple[str, str, o
         except Exception as e:  # a peer release that no longer imports: say so, judge the others
             progress(f"preset {name} skipped: it does not load ({type(e).__name__}: {e})")
             continue
-        found += [(n, op, fn) for n, op, fn in entries if ops is None or op in ops]
+        found += [impl for impl in entries if ops is None or impl.op.name in ops]
     return found
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy
 import torch
-from dsrope_reference.floats import budget_used, judge, ulp_distance
+from dsrope_reference.floats import budget_used, describe_violation, judge, ulp_distance
 
 # the direction each judged stage belongs to; the forward's rstd is its own row
 DIRECTION = {"out": "forward", "rstd": "forward (rstd)", "dx": "backward"}
@@ -61,10 +61,8 @@ class Table:
         row["max_ulp"] = max(row["max_ulp"], int(distance.max()) if distance.numel() else 0)
         if bad.any() and not row["first"]:
             i = tuple(bad.nonzero()[0].tolist())
-            row["first"] = (
-                f"first at index {list(i)}: ours {ours[i].item()!r}, theirs {theirs[i].item()!r}, "
-                f"allowed [{model.lo[i].item()!r}, {model.hi[i].item()!r}]"
-            )
+            theirs_judged = describe_violation(i, value, model.ref, model.lo, model.hi, "theirs")
+            row["first"] = f"{theirs_judged}; ours {ours[i].item()!r}"
 
 
 def render(table: Table, meta: dict) -> tuple[str, list[dict]]:

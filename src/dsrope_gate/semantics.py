@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from dsrope_reference.floats import bits
 from dsrope_reference.rope import round_nearest_exact, two_sum
 
 ROTATIONS = ("interleaved", "half-split", "leading-channels", "truncating-store", "fma-rotation")
@@ -63,9 +64,9 @@ def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 # --- rotations ----------------------------------------------------------------------------------------
 
 
-def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtype) -> torch.Tensor:
-    """y FP32 [B, H, S, D] with its rotary pairs rotated per `label`, stored into dtype; the channels the
-    label does not rotate are y rounded to nearest (exact where y already holds dtype values)."""
+def rotate_fp32(y: torch.Tensor, cos, sin, rotary: int, label: str = "interleaved") -> torch.Tensor:
+    """y FP32 [B, H, S, D] with its rotary pairs rotated per `label` in FP32, not stored (autograd flows
+    through it): the one eager rotation of the gate. cos/sin FP32 [B, S, >= R/2], entry k pair k's."""
     d = y.shape[-1]
     half = rotary // 2
     c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
@@ -82,10 +83,16 @@ def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtyp
         rotated = torch.cat((first, second), -1)
     else:
         rotated = torch.stack((first, second), -1).flatten(-2)
-    out = y.clone()
-    out[..., start : start + rotary] = rotated
+    return torch.cat((y[..., :start], rotated, y[..., start + rotary :]), -1)
+
+
+def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtype) -> torch.Tensor:
+    """y FP32 [B, H, S, D] rotated per `label` and stored into dtype; the channels the label does not
+    rotate are y rounded to nearest (exact where y already holds dtype values)."""
+    out = rotate_fp32(y, cos, sin, rotary, label)
     if label == "truncating-store":
-        return torch.cat((y[..., :start].to(dtype), truncate(rotated, dtype)), -1).contiguous()
+        start = y.shape[-1] - rotary
+        return torch.cat((y[..., :start].to(dtype), truncate(out[..., start:], dtype)), -1).contiguous()
     return out.to(dtype).contiguous()
 
 
@@ -145,25 +152,6 @@ def qnorm_backward(label: str):
     return emulate
 
 
-def rotate_fp32(y, cos, sin, rotary):
-    """The contract's rotation in FP32 with autograd (no store): the backward emulations' forward."""
-    d, half = y.shape[-1], rotary // 2
-    c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
-    a, b = y[..., d - rotary :: 2], y[..., d - rotary + 1 :: 2]
-    return torch.cat((y[..., : d - rotary], torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)), -1)
-
-
-def emulations(op: str, direction: str) -> dict:
-    """Label -> emulation for an op ("qnorm_rope" or "partial_rope") and a direction."""
-    if op == "qnorm_rope" and direction == "forward":
-        return {f"{n}+{r}": qnorm_forward(n, r) for n in NORMS for r in ROTATIONS}
-    if op == "qnorm_rope":
-        return {label: qnorm_backward(label) for label in BACKWARDS}
-    if direction == "forward":
-        return {r: rope_forward(r) for r in ROTATIONS}
-    return {r: rope_backward(r) for r in ROTATIONS}
-
-
 # --- evidence ----------------------------------------------------------------------------------------------
 
 
@@ -174,8 +162,7 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
         return 0.0
     if got.numel() == 0:
         return 1.0
-    ints = {2: torch.int16, 4: torch.int32}[got.element_size()]
-    same = got.contiguous().view(ints) == emulated.contiguous().view(ints)
+    same = bits(got) == bits(emulated)
     same |= got.isnan() & emulated.isnan()
     return float(same.double().mean())
 
@@ -201,18 +188,11 @@ def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:
     return parts
 
 
-# --- the tables and one case's matrix (tests/test_semantics.py) ------------------------------------------------
-
-CONTRACT = {
-    ("partial_rope", "forward"): "interleaved",
-    ("partial_rope", "backward"): "interleaved",
-    ("qnorm_rope", "forward"): "two-boundaries+interleaved",
-    ("qnorm_rope", "backward"): "two-boundaries",
-}
-SEMANTICS = {(op, d): emulations(op, d) for op in ("partial_rope", "qnorm_rope") for d in ("forward", "backward")}
+# --- how far apart the semantics are (tests/test_semantics.py) ----------------------------------------------
 
 
-def agreement_matrix(op: str, direction: str, x, cos, sin, rotary: int, eps=None, grad=None) -> dict:
-    """label -> label -> agreement of their emulations on one case: how far apart the semantics are there."""
-    out = {label: fn(x, cos, sin, rotary, eps, grad) for label, fn in SEMANTICS[op, direction].items()}
+def agreement_matrix(emulations: dict, x, cos, sin, rotary: int, eps=None, grad=None) -> dict:
+    """label -> label -> agreement of the emulations (an op's, one direction: Op.emulations[direction])
+    on one case: how far apart the semantics are there."""
+    out = {label: fn(x, cos, sin, rotary, eps, grad) for label, fn in emulations.items()}
     return {p: {q: agreement(out[p], out[q]) for q in out} for p in out}

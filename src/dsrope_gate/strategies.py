@@ -1,9 +1,9 @@
-"""Hypothesis strategies for the property suite: a logical shape, a physical layout for every
-tensor, the values in them, rotary, eps and dtype.
+"""Hypothesis strategies for the property suite and the conformance sweep: a logical shape, a physical
+layout for every tensor, the values in them, rotary, eps and dtype.
 
-A drawn example is a `Case`: plain data whose repr is a Python expression. Values come from a
-seeded torch generator, so `Case(...).build()` rebuilds the exact tensors anywhere, and a
-failing property prints its case as a one-line command (see tests/test_properties.py).
+A drawn example is a `dsrope_gate.cases.Case` whose values are `Drawn`: plain data whose repr is a
+Python expression, rebuilt anywhere by `case.build(device)`; a failing property prints its case as a
+one-line command (see tests/test_properties.py).
 
 Layouts (dsrope_gate.layouts): any storage order of the logical dims, padding in any storage dim,
 a step on any logical dim, a storage offset, and NaN guard elements after the storage. Every
@@ -15,149 +15,22 @@ gradient (all four for the gradient of `.sum()`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from dsrope_gate.inputs import angles
+from dsrope_gate.cases import Case, Drawn, Tables, Values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, materialize
+from dsrope_gate.ops import Op
 
 DTYPES = ("bfloat16", "float16", "float32")
-PRECISION = {"bfloat16": 8, "float16": 11, "float32": 24}  # significand bits, hidden bit included
 
 # The `gpu` profile (compiled kernels) draws larger shapes; every other profile stays small
 # enough for Triton's interpreter. The profile is loaded (conftest.py, or --hypothesis-profile)
 # before test modules are imported, so it is known here.
 LARGE = settings.get_current_profile_name() == "gpu"
-
-
-@dataclass(frozen=True)
-class Values:
-    """Tensor contents: a kind of values and the seed of the torch generator that draws them.
-
-    normal: N(0, 1). tiny: N(0, 1) * 2**-e, e up to 70 (squares below FP32's normal range;
-    fp16: its subnormals). huge: N(0, 1) * 2**e with the FP32 sum of squares of a row still
-    finite. mixed: each element scaled by its own 2**e, |e| <= 20 (fp16: 6). zero_rows: normal
-    with about half the rows all zero. midpoint: few-bit values; with `dyadic` tables the
-    rotation is exact in FP32 and lands on rounding midpoints of x.dtype (float32: the values
-    themselves are bf16 midpoints). overflow: the FP32 sum of squares of a row overflows
-    (bf16/fp32; fp16 cannot overflow it and draws huge instead).
-    """
-
-    kind: str
-    seed: int
-
-    def make(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed)
-        n = torch.randn(shape, generator=g, dtype=torch.float64)
-        d = max(shape[-1], 1) if len(shape) else 1
-        fp16 = dtype == torch.float16
-        kind = "huge" if (self.kind == "overflow" and fp16) else self.kind
-        randint = lambda lo, hi, size=(): torch.randint(lo, hi + 1, size, generator=g)
-        if kind == "normal":
-            v = n
-        elif kind == "tiny":
-            v = n * 2.0 ** -int(randint(6, 16) if fp16 else randint(30, 70))
-        elif kind == "huge":
-            if fp16:
-                v = (n * 2.0 ** int(randint(10, 13))).clamp(-65000, 65000)
-            else:
-                # |n| < 2**2.5 in practice; D * (2**e * |n|)**2 < 2**127 keeps the FP32 sum finite
-                top = math.floor((120 - math.log2(d)) / 2)
-                v = n.clamp(-5, 5) * 2.0 ** int(randint(top - 10, top))
-        elif kind == "overflow":
-            v = n.sign() * (1 + n.abs()) * 2.0 ** int(randint(62, 66))
-        elif kind == "mixed":
-            k = 6 if fp16 else 20
-            v = n * torch.exp2(randint(-k, k, tuple(shape)).double())
-        elif kind == "zero_rows":
-            keep = torch.rand(tuple(shape[:-1]) + (1,), generator=g) < 0.5
-            v = n * keep
-        elif kind == "midpoint":
-            if dtype == torch.float32:
-                # odd 9-bit significands: each value is halfway between two bf16 neighbours
-                m = randint(128, 255, tuple(shape)).double() * 2 + 1
-                v = torch.where(n < 0, -m, m) * torch.exp2(randint(-11, -6, tuple(shape)).double())
-            else:
-                v = randint(-64, 64, tuple(shape)).double() / 16
-        else:
-            raise ValueError(f"unknown value kind {self.kind!r}")
-        return v.to(torch.float32).to(dtype)
-
-
-@dataclass(frozen=True)
-class Tables:
-    """cos/sin FP32 [B, S, R], each with its own layout; entries k >= R/2 hold NaN (never read).
-
-    angles: cos/sin of position * 10000**(-2k/R), positions < 2**16. identity: cos 1, sin 0.
-    quarter: cos 0, sin +-1. dyadic: cos in {1, 3/4, 1/2, 1 - 2**-(p+1)}, sin = +-odd * 2**-e
-    with e around x.dtype's precision p: with midpoint values the rotation is exact in FP32 and
-    many results sit exactly on rounding midpoints (the error model then allows one value).
-    """
-
-    kind: str
-    seed: int
-    cos_layout: Layout = Layout()
-    sin_layout: Layout = Layout()
-
-    def make(self, batch: int, seq: int, rotary: int, dtype: torch.dtype):
-        g = torch.Generator().manual_seed(self.seed)
-        half = rotary // 2
-        shape = (batch, seq, half)
-        if self.kind == "angles":
-            c, s = angles(torch.randint(0, 1 << 16, (batch, seq, 1), generator=g), rotary)
-        elif self.kind == "identity":
-            c, s = torch.ones(shape, dtype=torch.float64), torch.zeros(shape, dtype=torch.float64)
-        elif self.kind == "quarter":
-            c = torch.zeros(shape, dtype=torch.float64)
-            s = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
-        elif self.kind == "dyadic":
-            p = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}[dtype]
-            near_one = 1 - 2.0 ** -(p + 1) if p < 24 else 1 - 2.0**-12
-            choices = torch.tensor([1.0, 0.75, 0.5, near_one], dtype=torch.float64)
-            c = choices[torch.randint(0, 4, shape, generator=g)]
-            odd = (2 * torch.randint(0, 3, shape, generator=g) + 1).double()
-            sign = torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0).double()
-            s = sign * odd * torch.exp2(-torch.randint(p - 2, p + 4, shape, generator=g).double())
-        else:
-            raise ValueError(f"unknown table kind {self.kind!r}")
-        nan = torch.full((batch, seq, rotary - half), float("nan"), dtype=torch.float64)
-        cos = torch.cat((c, nan), -1).float()
-        sin = torch.cat((s, nan), -1).float()
-        return cos, sin
-
-
-@dataclass(frozen=True)
-class Case:
-    """One example: x [B, H, S, D], its tables, an upstream gradient, rotary, eps, dtype."""
-
-    shape: tuple
-    rotary: int
-    dtype: str
-    x: Values
-    x_layout: Layout
-    tables: Tables
-    grad: Values
-    grad_layout: Layout
-    eps: float = 1e-6
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
-    def build(self, device):
-        """x, cos, sin, grad with their drawn layouts, on `device`."""
-        b, _, s, _ = self.shape
-        dtype = self.torch_dtype
-        x = materialize(self.x.make(self.shape, dtype).to(device), self.x_layout)
-        cos, sin = self.tables.make(b, s, self.rotary, dtype)
-        cos = materialize(cos.to(device), self.tables.cos_layout)
-        sin = materialize(sin.to(device), self.tables.sin_layout)
-        grad = materialize(self.grad.make(self.shape, dtype).to(device), self.grad_layout)
-        return x, cos, sin, grad
 
 
 def storage_span(shape, layout: Layout) -> int:
@@ -223,36 +96,43 @@ def geometry(draw, even_channels: bool):
     return (b, h, s, d), rotary
 
 
-VALUE_KINDS = ["normal", "mixed", "tiny", "huge", "zero_rows", "midpoint"]
+V3_VALUE_KINDS = ["normal", "mixed", "tiny", "huge", "zero_rows", "midpoint"]
 TABLE_KINDS = ["angles", "dyadic", "identity", "quarter"]
 EPS = [1e-6, 1e-5, 1e-12, 1e-3, 0.1, 1.0, 2.0**-100]
 seeds = st.integers(0, 2**31 - 1)
 
 
 @st.composite
-def cases(draw, kernel: str, value_kinds=None, eps=None):
-    """A Case for `kernel` ("rope": D even; "qnorm": D may be odd, overflow rows allowed).
+def cases(draw, op: Op, value_kinds=None, eps=None):
+    """A Case for `op` (its record says whether D must be even and which value kinds x may take).
 
-    value_kinds: the kinds x may draw; eps: a list to draw from (default: EPS, or any float in
-    [1e-30, 10]).
+    value_kinds: the kinds x may draw (default: the op's); eps: a list to draw from (default: EPS, or any
+    float in [1e-30, 10]).
     """
-    shape, rotary = draw(geometry(even_channels=kernel == "rope"))
+    shape, rotary = draw(geometry(even_channels=op.even_channels))
     dtype = draw(st.sampled_from(DTYPES))
-    kinds = value_kinds or VALUE_KINDS + (["overflow"] if kernel == "qnorm" else [])
-    x_values = Values(draw(st.sampled_from(kinds)), draw(seeds))
+    x_values = Values(draw(st.sampled_from(value_kinds or op.value_kinds)), draw(seeds))
     x_layout = draw(layouts(shape) | token_major_views())
     b, _, s, _ = shape
     table_shape = (b, s, rotary)
-    tables = Tables(
-        draw(st.sampled_from(TABLE_KINDS)),
-        draw(seeds),
-        draw(layouts(table_shape, broadcastable=(0, 1), preferred=None)),
-        draw(layouts(table_shape, broadcastable=(0, 1), preferred=None)),
-    )
+    table_values = Tables(draw(st.sampled_from(TABLE_KINDS)), draw(seeds))
+    cos_layout = draw(layouts(table_shape, broadcastable=(0, 1), preferred=None))
+    sin_layout = draw(layouts(table_shape, broadcastable=(0, 1), preferred=None))
     grad_values = Values(draw(st.sampled_from(["normal", "mixed", "zero_rows", "midpoint"])), draw(seeds))
     grad_layout = draw(layouts(shape, broadcastable=(0, 1, 2, 3)) | token_major_views())
     eps_value = draw(st.sampled_from(eps) if eps else st.sampled_from(EPS) | st.floats(1e-30, 10.0))
-    return Case(shape, rotary, dtype, x_values, x_layout, tables, grad_values, grad_layout, eps_value)
+    return Case(
+        name="drawn",
+        shape=shape,
+        rotary=rotary,
+        dtype=dtype,
+        values=Drawn(x_values, table_values, grad_values),
+        x_layout=x_layout,
+        grad_layout=grad_layout,
+        cos_layout=cos_layout,
+        sin_layout=sin_layout,
+        eps=eps_value,
+    )
 
 
 # --- DeepSeek-V3 rope utilities (rope_utils) ------------------------------------------------------
@@ -326,7 +206,7 @@ def v3_cases(draw):
         dim=2 * pairs,
         pairing=draw(st.sampled_from(["interleaved", "half_split"])),
         dtype=draw(st.sampled_from(DTYPES)),
-        x=Values(draw(st.sampled_from(VALUE_KINDS)), draw(seeds)),
+        x=Values(draw(st.sampled_from(V3_VALUE_KINDS)), draw(seeds)),
         x_layout=draw(layouts(shape, preferred=None)),
         table=Tables(draw(st.sampled_from(TABLE_KINDS)), draw(seeds)),
         table_layout=draw(layouts((*lead, pairs), broadcastable=tuple(range(len(lead))), preferred=None)),

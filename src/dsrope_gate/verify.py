@@ -28,57 +28,30 @@ from pathlib import Path
 
 import torch
 
-from dsrope_gate import golden
-from dsrope_gate.cases import CASES, DTYPES, SHORT, reference_stages
+from dsrope_gate import case_sets, golden, snapshots
+from dsrope_gate.cases import DTYPES, SHORT
+from dsrope_gate.differential import forward_backward
+from dsrope_gate.ops import OPS
 from dsrope_gate.report import DIRECTION, Table, chart, render
 
 
-def canonical_cases():
-    """DSV4 head geometry (D=512, R=64) in the production layout, every dtype, both kernels."""
-    from dsrope_gate.inputs import tables
-    from dsrope_gate.layouts import TOKEN_MAJOR, materialize
-
-    for dtype in ("bfloat16", "float16", "float32"):
-        g = torch.Generator().manual_seed(7)
-        shape = (2, 16, 8, 512)
-        x = torch.randn(shape, generator=g, dtype=torch.float64).to(DTYPES[dtype])
-        grad = torch.randn(shape, generator=g, dtype=torch.float64).to(DTYPES[dtype])
-        device = golden.kernel_device()
-        cos, sin = tables(2, 8, 64, seed=8)
-        yield f"dsv4-{SHORT[dtype]}", dtype, materialize(x.to(device), TOKEN_MAJOR), grad.to(device), cos, sin
-
-
 def run_canonical(table: Table, progress):
-    from dsrope_reference import qnorm_rope
-    from dsrope_reference.rope import partial_rope
-
-    from dsrope_gate.differential import eager_partial_rope, eager_qnorm_rope, forward_backward
-
-    for name, dtype, x, grad, cos, sin in canonical_cases():
-        progress(f"canonical {name}")
-        record = {"rotary": 64, "eps": 1e-6, "kernels": ("qnorm_rope", "partial_rope")}
-        outputs = golden.run_case_kernels(record, x, grad, cos, sin)
-        fwd = qnorm_rope.forward(x, cos, sin, 64, 1e-6)
-        bwd = qnorm_rope.backward(x, grad, cos, sin, 64, 1e-6)
-        models = {
-            "qnorm_rope.out": fwd.out,
-            "qnorm_rope.rstd": fwd.rstd,
-            "qnorm_rope.dx": bwd.dx,
-            "partial_rope.out": partial_rope(x, cos, sin, 64),
-            "partial_rope.dx": partial_rope(grad, cos, sin, 64, inverse=True),
-        }
-        for stage, model in models.items():
-            kernel, part = stage.split(".")
-            table.add(kernel, dtype, part, outputs[stage], model.ref, model.lo, model.hi)
-        eager = {
-            "qnorm_rope": forward_backward(eager_qnorm_rope, x, grad, cos, sin, 64, 1e-6),
-            "partial_rope": forward_backward(eager_partial_rope, x, grad, cos, sin, 64),
-        }
-        for kernel, (out, dx) in eager.items():
-            for part, theirs in (("out", out), ("dx", dx)):
-                stage = f"{kernel}.{part}"
-                direction = f"{DIRECTION[part]} vs eager chain"
-                table.add_versus(kernel, dtype, direction, outputs[stage], theirs, models[stage])
+    """DSV4 head geometry (D=512, R=64) in the production layout, every dtype, both ops: dsrope against the
+    reference and against the eager chain of stock torch ops."""
+    for case in case_sets.canonical(("dsv4",)):
+        progress(f"canonical {case.name}")
+        inputs = case.build(snapshots.kernel_device())
+        outputs = snapshots.dsrope_outputs(case, inputs)
+        for name in case.ops:
+            op = OPS[name]
+            models = op.reference(case, inputs)
+            for stage in op.stages:
+                model = models[stage]
+                table.add(name, case.dtype, stage, outputs[f"{name}.{stage}"], model.ref, model.lo, model.hi)
+            eager = lambda x, op=op, case=case, inputs=inputs: op.call(op.eager, case, x, inputs)
+            for stage, theirs in zip(("out", "dx"), forward_backward(eager, inputs.x, inputs.grad), strict=True):
+                direction = f"{DIRECTION[stage]} vs eager chain"
+                table.add_versus(name, case.dtype, direction, outputs[f"{name}.{stage}"], theirs, models[stage])
     try:
         import dsrope_reference.rope_utils  # noqa: F401
 
@@ -106,7 +79,7 @@ def run_v3(table: Table, progress):
     if hf is None:
         table.notes.append(f"vs transformers rows skipped: {TRANSFORMERS_MISSING}")
         progress(table.notes[-1])
-    device = golden.kernel_device()
+    device = snapshots.kernel_device()
     freqs = precompute_freqs_cis(64, 4096, 10000.0, None)
     g = torch.Generator().manual_seed(9)
     positions = torch.randint(0, 4096, (2, 16), generator=g).to(device)
@@ -136,23 +109,23 @@ def run_v3(table: Table, progress):
 def run_goldens(table: Table, progress) -> list[str]:
     problems = []
     manifest = golden.verify_all()
-    key = golden.platform_key()
+    key = snapshots.platform_key()
     _, sidecar = golden.snapshot_paths(golden.GOLDEN, key)
     snapshot = golden.read_snapshot(sidecar)[1] if sidecar.is_file() else None
-    cases = {c.name: c for c in CASES}
     for i, c in enumerate(manifest["cases"], 1):
         name = c["name"]
         progress(f"golden {i}/{len(manifest['cases'])} {name}")
         record, tensors = golden.load_case(golden.GOLDEN, manifest, name)
+        case = golden.case_from_record(record)
         inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
-        fresh = golden.encode_case(cases[name], inputs, reference_stages(cases[name], inputs))
+        fresh = golden.encode_case(case, inputs, golden.reference_stages(case, inputs))
         stored_out = [k for k in tensors if not k.startswith("input.")]
         ref_exact = sorted(fresh) == sorted(tensors) and all(
             golden.tensor_bytes(fresh[k]) == golden.tensor_bytes(tensors[k]) for k in stored_out
         )
         if not ref_exact:
             problems.append(f"golden {name}: the reference no longer reproduces the stored outputs")
-        outputs = golden.run_kernels(record, tensors)
+        outputs = snapshots.run_kernels(record, tensors)
         for stage, out in outputs.items():
             kernel, part = stage.split(".")
             model = golden.decode_stage(stage, tensors)
@@ -185,7 +158,7 @@ def main(argv=None) -> int:
 
     import dsrope  # noqa: F401  (installs the interpreter's rounding fix before any launch)
 
-    key = golden.platform_key()
+    key = snapshots.platform_key()
     meta = {"device": key["device"], "torch": torch.__version__, "triton": triton.__version__}
     table = Table()
     problems = []

@@ -1,0 +1,133 @@
+"""Conformance: point the gate at any implementation of qnorm_rope or partial_rope and get a verdict,
+element by element, and the semantics it computes, from evidence.
+
+    python -m dsrope_gate.conformance --op qnorm_rope --impl mypkg.rope:qnorm_rope [--impl file.py:fn]
+        [--preset NAME ...] [--device cpu|cuda] [--against TARGET] [--json PATH] [--out DIR]
+    nox -s conformance -- <the same arguments>
+
+An implementation is a callable with the signature of the dsrope function it stands for (contract:
+docs/contract.md): `qnorm_rope(x, cos, sin, rotary, eps)` or `partial_rope(x, cos, sin, rotary)`, x
+[B, H, S, D] of any strides, cos/sin FP32 [B, S, R]. TARGET is `module.path:callable` (importable with
+the current sys.path, PYTHONPATH included) or `path/to/file.py:callable`.
+
+What it runs: the canonical DeepSeek-V4 (D=512, R=64) and V3 (D=192, R=64: the rope slice trailing the
+128 nope channels) cases in bf16, fp16 and fp32; the golden inputs (the golden store: dsrope_gate.golden.golden_root(),
+or --golden DIR); layout probes (one small case per layout class, below); and a seeded
+hypothesis sweep over shapes, layouts and values (dsrope_gate.strategies). Each case runs twice: once
+on an input that does not require grad (the forward; the bits of every input's storage, gaps included,
+are compared before and after: writes into an input are reported), and once on an input that requires
+grad: when the output carries a grad_fn its input gradient is judged too; without one the backward is
+reported as absent (forward only).
+
+Verdict: an implementation conforms (per direction) when no element of any case it accepted lies outside
+the error model of the reference (dsrope_reference) and no accepted case returned a wrong shape or dtype.
+Cases it refuses (ValueError, TypeError, NotImplementedError, AssertionError: an error that says no) or
+crashes on (any other exception) are listed, not counted as elements.
+
+Semantics: for each known semantics an eager emulation (dsrope_gate.semantics) runs on the same inputs;
+per case the share of elements whose bits equal each emulation's is reported, on the cases with normal
+values (the canonical cases, the layout probes, the golden cases of random normal values). Edge values
+(huge, tiny, subnormal, zero rows, the sweep's drawn kinds) judge the verdict only: there any reduction
+order of a correct kernel moves the last bits of many elements. A label is listed when its
+emulation agrees best (ties together) with at least 99.9% on every case whose bits carry the semantics:
+every dtype for partial_rope; bf16 and fp16 for qnorm_rope, whose fp32 cases judge the verdict only (the
+rounding boundaries are no-ops there, and a kernel's own rstd, its reduction order and an approximate
+rsqrt, moves last bits of every element of a row).
+
+The package, one job a module: `targets` (dsrope_gate.targets: what --impl names), the cases
+(dsrope_gate.case_sets: canonical, golden, probes, sweep; one Case type, dsrope_gate.cases), `calling`
+(one implementation on one case), `judging` (the reference's verdict, the semantics, bit comparisons),
+`render` (markdown) and `cli` (the command line). What is judged for each op, and how an implementation
+of it is called, is its record in dsrope_gate.ops.
+
+--device cpu runs Triton code in the interpreter with dsrope's round-to-nearest-even fp32 -> bf16
+conversion (what a GPU does) and eager code as it is; --device cuda compiles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dsrope_gate.ops import DIRECTIONS, Op, op_named
+
+
+def collect_cases(op: Op, device, examples: int, seed: int, golden_root: Path | None, progress):
+    """(the prepared cases: canonical, golden, probes, sweep, each with its reference models; a note on
+    the golden inputs)."""
+    from dsrope_gate import case_sets
+    from dsrope_gate.conformance.judging import prepare
+
+    progress("building cases; computing the reference")
+    made = [prepare(op, c, c.build(device)) for c in case_sets.canonical()]
+    gold, note = golden_cases(op, device, golden_root)
+    made += gold + [prepare(op, c, c.build(device)) for c in case_sets.probes() + case_sets.sweep(op, examples, seed)]
+    progress(f"{len(made)} cases")
+    return made, note
+
+
+def golden_cases(op: Op, device, root: Path | None):
+    """The golden store's cases for `op`: their stored inputs in their recorded layouts, their stored models."""
+    from dsrope_reference.rope import Model
+
+    from dsrope_gate import golden as store
+    from dsrope_gate.conformance.judging import prepare
+
+    root = store.GOLDEN if root is None else root
+    if not (root / "manifest.json").is_file():
+        return [], f"golden inputs: no store at {root} (pass --golden DIR)"
+    manifest = store.verify_all(root)
+    out = []
+    for record in manifest["cases"]:
+        if op.name not in record["kernels"]:
+            continue
+        _, tensors = store.load_case(root, manifest, record["name"])
+        case, inputs = store.laid_out_inputs(record, tensors, device)
+        models = {}
+        for direction, stage in DIRECTIONS.items():
+            m = store.decode_stage(f"{op.name}.{stage}", tensors)
+            models[direction] = Model(m["ref"], m["lo"], m["hi"])
+        out.append(prepare(op, case, inputs, models))
+    return out, f"golden inputs: {len(out)} cases from {root}"
+
+
+def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print):
+    """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
+    each with it element by element. Returns (results as in the JSON, meta)."""
+    import datetime
+
+    import torch
+    import triton
+
+    from dsrope_gate.conformance.judging import against, run_impl
+
+    op = op_named(op)
+    if device == "cpu":
+        # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
+        # does; Triton's interpreter alone truncates
+        from dsrope._common import install_interpreter_rounding
+
+        install_interpreter_rounding()
+    cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
+    results = []
+    other = None
+    if against_impl is not None:
+        other_result, other_outputs = run_impl(*against_impl, op, cases, device, progress)
+        other = (against_impl[0], other_outputs)
+    for name, fn in impls:
+        result, outputs = run_impl(name, fn, op, cases, device, progress)
+        if other is not None:
+            result["against"] = {"impl": other[0]} | against(outputs, other[1])
+        results.append(result)
+    if other is not None:
+        results.append(other_result)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cases": len(cases),
+        "sweep": examples,
+        "seed": seed,
+        "golden": note,
+    }
+    return results, meta

@@ -1,0 +1,3 @@
+from dsrope_gate.conformance.cli import main
+
+raise SystemExit(main())

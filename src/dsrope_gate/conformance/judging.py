@@ -1,0 +1,207 @@
+"""Judging: the cases an implementation runs on (with the reference's models, computed once), each output
+against the error model element by element, the semantics read off the bits, two implementations compared
+bit by bit, and one implementation's results over every case."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from dsrope_reference.floats import describe_violation, inside, ulp_distance
+from dsrope_reference.rope import Model
+
+from dsrope_gate import semantics
+from dsrope_gate.cases import Case, Inputs
+from dsrope_gate.conformance.calling import call
+from dsrope_gate.ops import DIRECTIONS, Op
+
+# A label is named where its emulation agrees best (ties together) with this share on every case.
+THRESHOLD = 0.999
+
+
+@dataclass
+class Prepared:
+    """A case ready to judge: its inputs on the device, the reference's model per direction (FP64, CPU),
+    and the emulations' outputs per direction (computed at first use, once whatever the number of
+    implementations judged)."""
+
+    case: Case
+    inputs: Inputs
+    models: dict = field(default_factory=dict)
+    emulated: dict = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> str:
+        """Python that rebuilds the inputs (a golden case's stored values are what its recipe makes)."""
+        where = "from dsrope_gate.cases import *; from dsrope_gate.layouts import Layout; "
+        device = self.inputs.x.device.type
+        tensors = "; ".join(f"{k} {describe(getattr(self.inputs, k))}" for k in ("x", "cos", "grad"))
+        return f"{where}x, cos, sin, grad = {self.case!r}.build({device!r})  # {tensors}"
+
+
+def describe(t: torch.Tensor) -> str:
+    return f"shape {list(t.shape)} strides {list(t.stride())} offset {t.storage_offset()} {t.dtype}"
+
+
+def prepare(op: Op, case: Case, inputs: Inputs, models: dict | None = None) -> Prepared:
+    """The case with its reference models: given (a golden case's stored ones) or computed here."""
+    if models is None:
+        stages = op.reference(case, inputs)
+        models = {direction: stages[stage] for direction, stage in DIRECTIONS.items()}
+    return Prepared(case, inputs, models)
+
+
+# --- one output against the reference ---------------------------------------------------------------------
+
+
+def first_violation(op: Op, p: Prepared, direction: str, got64: torch.Tensor, model: Model, ok) -> dict:
+    """The first element outside the model, with what reproduces it."""
+    i = tuple(int(v) for v in (~ok).nonzero()[0].tolist())
+    b, h, s, d = i
+    x = p.inputs.x if direction == "forward" else p.inputs.grad
+    dim, r = x.shape[-1], p.case.rotary
+    pair = d - (d - (dim - r)) % 2 if d >= dim - r else None
+    row = x[b, h, s].detach().cpu().double()
+    k = (pair - (dim - r)) // 2 if pair is not None else None
+    return {
+        "case": p.case.name,
+        "recipe": p.recipe,
+        "index": list(i),
+        "message": describe_violation(i, got64, model.ref, model.lo, model.hi, "got"),
+        "channel": "rotary" if pair is not None else "leading",
+        "input": [row[pair].item(), row[pair + 1].item()] if pair is not None else row[d].item(),
+        "cos_sin": [p.inputs.cos[b, s, k].item(), p.inputs.sin[b, s, k].item()] if k is not None else None,
+        "got": got64[i].item(),
+        "contract": model.ref[i].item(),
+        "bounds": [model.lo[i].item(), model.hi[i].item()],
+        "rotary": r,
+        "eps": p.case.eps if "eps" in op.signature else None,
+        "row_rms": float(torch.sqrt(torch.mean(row**2))) if row.numel() else None,
+    }
+
+
+def judge(op: Op, p: Prepared, direction: str, got: torch.Tensor):
+    """(elements, outside, first violation or None) of got against the reference's model."""
+    model = p.models[direction]
+    got64 = got.detach().to("cpu", torch.float64)
+    ok = inside(got64, model.ref, model.lo, model.hi)
+    outside = int((~ok).sum())
+    return got.numel(), outside, (first_violation(op, p, direction, got64, model, ok) if outside else None)
+
+
+def shares(op: Op, p: Prepared, direction: str, got: torch.Tensor) -> dict:
+    """Per known semantics: the share of elements whose bits equal its emulation's."""
+    if direction not in p.emulated:
+        x, cos, sin, grad = (t.detach().cpu() for t in p.inputs)
+        emulations = op.emulations[direction].items()
+        p.emulated[direction] = {
+            label: emulate(x, cos, sin, p.case.rotary, p.case.eps, grad) for label, emulate in emulations
+        }
+    got = got.detach().cpu()
+    return {label: semantics.agreement(got, out) for label, out in p.emulated[direction].items()}
+
+
+def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Two implementations' outputs on the same case: bitwise-equal share, max ulp, where they differ."""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    distance = ulp_distance(a, b)
+    same = distance == 0
+    differ = (~same).nonzero()
+    return {
+        "elements": a.numel(),
+        "bitwise_equal": float(same.float().mean()) if a.numel() else 1.0,
+        "max_ulp": int(distance.max()) if a.numel() else 0,
+        "differ_channels": sorted({int(c) for c in differ[:, -1].tolist()})[:16],
+        "differ_rows": int(torch.unique(differ[:, :-1], dim=0).shape[0]) if len(differ) else 0,
+    }
+
+
+# --- one implementation, every case ---------------------------------------------------------------------
+
+
+def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress) -> tuple[dict, dict]:
+    """(result as in the JSON, the outputs per case for --against)."""
+    directions = {"forward": _direction(), "backward": _direction()}
+    layouts, wrote, token_major, outputs = {}, set(), None, {}
+    any_backward = False
+    for i, p in enumerate(cases, 1):
+        case = p.case
+        progress(f"{name} {op} {i}/{len(cases)} {case.name}")
+        result = call(op, fn, case, p.inputs)
+        outcome = result.status
+        if result.status == "ok":
+            outputs[case.name] = (result.out, result.dx)
+            wrote |= set(result.wrote)
+            if case.kind == "canonical" and token_major is None:
+                token_major = result.token_major
+            any_backward |= result.has_backward
+            for direction, got in (("forward", result.out), ("backward", result.dx)):
+                if got is None:
+                    continue
+                record = directions[direction]
+                elements, outside, first = judge(op, p, direction, got)
+                entry = {"case": case.name, "dtype": case.dtype, "elements": elements, "outside_model": outside}
+                if case.evidence and case.dtype in op.semantic_dtypes and elements:
+                    entry["shares"] = shares(op, p, direction, got)
+                record["cases"].append(entry)
+                record["elements"] += elements
+                record["outside_model"] += outside
+                if first and record["first_violation"] is None:
+                    record["first_violation"] = first
+                if direction == "forward" and outside:
+                    outcome = "silently wrong"
+        else:
+            for direction in directions.values():
+                direction["not_run"].append({"case": case.name, "status": result.status, "error": result.error})
+        if result.status == "wrong output":
+            outcome = "silently wrong"
+        if result.error and result.status == "ok":
+            directions["backward"]["not_run"].append({"case": case.name, "status": "crashed", "error": result.error})
+        if case.kind == "probe":
+            layouts[case.name] = outcome if outcome != "ok" else "accepted"
+    res = {"impl": name, "op": op.name, "device": device}
+    for record in directions.values():
+        wrong = any(n["status"] == "wrong output" for n in record["not_run"])
+        record["conforms"] = record["elements"] > 0 and record["outside_model"] == 0 and not wrong
+        record["semantics"] = classify(record["cases"])
+    res["forward"] = directions["forward"] | {
+        "layouts": layouts,
+        "writes_into_input": sorted(wrote),
+        "token_major_output": token_major,
+    }
+    res["backward"] = directions["backward"] if any_backward else None
+    return res, outputs
+
+
+def _direction() -> dict:
+    return {"elements": 0, "outside_model": 0, "first_violation": None, "cases": [], "not_run": []}
+
+
+def classify(cases: list[dict]) -> list[str]:
+    evidence = [c["shares"] for c in cases if "shares" in c]
+    return semantics.classify(evidence, THRESHOLD) if evidence else []
+
+
+def against(outputs_a: dict, outputs_b: dict) -> dict:
+    """Per direction: two implementations' outputs compared bit by bit on the cases both ran."""
+    out = {}
+    for index, direction in enumerate(DIRECTIONS):
+        per_case = []
+        for name in outputs_a:
+            if name not in outputs_b:
+                continue
+            a, b = outputs_a[name][index], outputs_b[name][index]
+            if a is None or b is None:
+                continue
+            per_case.append({"case": name} | bits_compare(a, b))
+        if per_case:
+            total = sum(c["elements"] for c in per_case)
+            equal = sum(c["bitwise_equal"] * c["elements"] for c in per_case)
+            out[direction] = {
+                "bitwise_equal": equal / total if total else 1.0,
+                "max_ulp": max(c["max_ulp"] for c in per_case),
+                "cases": per_case,
+            }
+        else:
+            out[direction] = None
+    return out

@@ -1,0 +1,156 @@
+"""The ops the gate judges, one record each: how an implementation is called on a case, the reference's
+model of every stage it outputs, the known semantics' eager emulations, the contract's labels, the dtypes
+whose bits carry the semantics, what hypothesis may draw for it, and dsrope's own implementation (judged
+through the same door as anybody else's).
+
+Everything that depends on which op is judged reads it from its record; no other module branches on an
+op's name. `JUDGED` holds the ops an implementation of the contract's signature can be judged on
+(docs/contract.md); the DeepSeek-V3 rotations are judged on their golden cases (verify, the golden
+store) with their own signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dsrope_gate import differential, semantics
+from dsrope_gate.cases import Case, Inputs
+
+# the stage each direction outputs: the forward's result, the backward's input gradient
+DIRECTIONS = {"forward": "out", "backward": "dx"}
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    signature: str
+    # call(fn, case, x, inputs) -> fn's output for x (x: inputs.x or a copy of it that requires grad)
+    call: Callable
+    # reference(case, inputs) -> stage -> dsrope_reference Model (FP64, CPU); stages not in `stages` are the
+    # reference's intermediate values (stored in the goldens, judged nowhere)
+    reference: Callable[[Case, Inputs], dict]
+    stages: tuple[str, ...]  # the stages judged: "out", "dx", and dsrope's saved "rstd" where its kernel has one
+    dsrope: str  # dsrope's implementation, module:callable
+    emulations: dict = field(default_factory=dict)  # direction -> label -> emulate(x, cos, sin, rotary, eps, grad)
+    contract: dict = field(default_factory=dict)  # direction -> the contract's label (a "+" joins its parts)
+    semantic_dtypes: tuple[str, ...] = ()  # the dtypes whose bits carry the semantics
+    even_channels: bool = True  # whether D must be even (what hypothesis draws)
+    value_kinds: tuple[str, ...] = ("normal", "mixed", "tiny", "huge", "zero_rows", "midpoint")
+    eager: Callable | None = None  # the eager chain of stock torch ops the contract equals (dsrope_gate.differential)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --- DeepSeek-V4: Q RMSNorm + partial RoPE, partial RoPE ----------------------------------------------------
+
+
+def _qnorm_reference(case: Case, inputs: Inputs) -> dict:
+    from dsrope_reference import qnorm_rope
+
+    x, cos, sin, grad = inputs
+    fwd = qnorm_rope.forward(x, cos, sin, case.rotary, case.eps)
+    bwd = qnorm_rope.backward(x, grad, cos, sin, case.rotary, case.eps)
+    return {"out": fwd.out, "rstd": fwd.rstd, "dx": bwd.dx, "normalized": fwd.normalized, "derotated": bwd.derotated}
+
+
+def _rope_reference(case: Case, inputs: Inputs) -> dict:
+    from dsrope_reference.rope import partial_rope
+
+    x, cos, sin, grad = inputs
+    return {
+        "out": partial_rope(x, cos, sin, case.rotary),
+        "dx": partial_rope(grad, cos, sin, case.rotary, inverse=True),
+    }
+
+
+QNORM_ROPE = Op(
+    name="qnorm_rope",
+    signature="qnorm_rope(x, cos, sin, rotary, eps)",
+    call=lambda fn, case, x, inputs: fn(x, inputs.cos, inputs.sin, case.rotary, case.eps),
+    reference=_qnorm_reference,
+    stages=("out", "rstd", "dx"),
+    dsrope="dsrope:qnorm_rope_triton",
+    emulations={
+        "forward": {
+            f"{norm}+{rotation}": semantics.qnorm_forward(norm, rotation)
+            for norm in semantics.NORMS
+            for rotation in semantics.ROTATIONS
+        },
+        "backward": {label: semantics.qnorm_backward(label) for label in semantics.BACKWARDS},
+    },
+    contract={"forward": "two-boundaries+interleaved", "backward": "two-boundaries"},
+    # in fp32 the rounding boundaries are no-ops, and a kernel's own rstd (reduction order, approximate
+    # rsqrt) moves last bits of every element of a row: fp32 judges the verdict only
+    semantic_dtypes=("bfloat16", "float16"),
+    even_channels=False,
+    value_kinds=("normal", "mixed", "tiny", "huge", "zero_rows", "midpoint", "overflow"),
+    eager=differential.eager_qnorm_rope,
+)
+
+PARTIAL_ROPE = Op(
+    name="partial_rope",
+    signature="partial_rope(x, cos, sin, rotary)",
+    call=lambda fn, case, x, inputs: fn(x, inputs.cos, inputs.sin, case.rotary),
+    reference=_rope_reference,
+    stages=("out", "dx"),
+    dsrope="dsrope:apply_partial_rope_triton",
+    emulations={
+        "forward": {label: semantics.rope_forward(label) for label in semantics.ROTATIONS},
+        "backward": {label: semantics.rope_backward(label) for label in semantics.ROTATIONS},
+    },
+    contract={"forward": "interleaved", "backward": "interleaved"},
+    semantic_dtypes=("bfloat16", "float16", "float32"),
+    eager=differential.eager_partial_rope,
+)
+
+
+# --- DeepSeek-V3 rotations (rope_utils): complex tables, bshd/thd ---------------------------------------------
+
+
+def _v3_reference(pairing: str):
+    def reference(case: Case, inputs: Inputs) -> dict:
+        from dsrope_reference.rope_utils import rotation
+
+        x, cos, sin, grad = inputs
+        # forward: the table; backward (the conjugate rotation of the gradient): the conjugate table
+        return {
+            "out": rotation(x, torch.complex(cos, sin), pairing),
+            "dx": rotation(grad, torch.complex(cos, -sin), pairing),
+        }
+
+    return reference
+
+
+V3_INTERLEAVED = Op(
+    name="v3_interleaved",
+    signature="apply_rotary_emb(x, freqs_cis, qkv_format, unsqueeze_dim)",
+    call=lambda fn, case, x, inputs: fn(x, torch.complex(inputs.cos, inputs.sin), case.qkv_format, case.unsqueeze_dim),
+    reference=_v3_reference("interleaved"),
+    stages=("out", "dx"),
+    dsrope="dsrope.rope_utils:apply_rotary_emb",
+)
+
+V3_HALF_SPLIT = Op(
+    name="v3_half_split",
+    signature="apply_rotary_emb_half_split(x, freqs_cis, qkv_format)",
+    call=lambda fn, case, x, inputs: fn(x, torch.complex(inputs.cos, inputs.sin), case.qkv_format),
+    reference=_v3_reference("half_split"),
+    stages=("out", "dx"),
+    dsrope="dsrope.rope_utils:apply_rotary_emb_half_split",
+)
+
+OPS = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE, V3_INTERLEAVED, V3_HALF_SPLIT)}
+JUDGED = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE)}
+
+
+def op_named(name: str | Op) -> Op:
+    """The record of an op given by name (or the record itself)."""
+    if isinstance(name, Op):
+        return name
+    if name not in OPS:
+        raise ValueError(f"op: expected one of {', '.join(OPS)}, got {name!r}")
+    return OPS[name]
