@@ -54,10 +54,50 @@ def writes_into_x(x, cos, sin, rotary, *eps):
     return out
 
 
+def writes_into_a_gap(x, cos, sin, rotary, *eps):
+    """Correct output; also writes one element of x's storage that is not one of x's elements (a gap)."""
+    out = contract(x, cos, sin, rotary, *eps)
+    storage = torch.empty(0, dtype=x.dtype, device=x.device).set_(x.untyped_storage())
+    covered = torch.zeros(storage.numel(), dtype=torch.bool, device=x.device)
+    covered.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(True)
+    gaps = (~covered).nonzero()
+    if len(gaps):
+        storage[gaps[0, 0]] = 7.0
+    return out
+
+
+def leaves_last_row(x, cos, sin, rotary, *eps):
+    """A partial result: correct everywhere but the last row of every head, which is left as x."""
+    out = contract(x, cos, sin, rotary, *eps).clone()
+    out[:, :, -1:] = x[:, :, -1:]
+    return out
+
+
+def nan_in_one_element(x, cos, sin, rotary, *eps):
+    out = contract(x, cos, sin, rotary, *eps).clone()
+    if out.numel():
+        out.view(-1)[out.numel() // 2] = float("nan")
+    return out
+
+
+def zero_where_nan(x, cos, sin, rotary, *eps):
+    return torch.nan_to_num(contract(x, cos, sin, rotary, *eps), nan=0.0)
+
+
+def crashes_on_bf16(x, cos, sin, rotary, *eps):
+    if x.dtype == torch.bfloat16:
+        raise RuntimeError("no bf16 kernel")
+    return contract(x, cos, sin, rotary, *eps)
+
+
+def contract(x, cos, sin, rotary, *eps):
+    return eager_partial_rope(x, cos, sin, rotary) if not eps else eager_qnorm_rope(x, cos, sin, rotary, *eps)
+
+
 def refuses_fp16(x, cos, sin, rotary, *eps):
     if x.dtype == torch.float16:
         raise TypeError("x: float16 is not supported")
-    return eager_partial_rope(x, cos, sin, rotary) if not eps else eager_qnorm_rope(x, cos, sin, rotary, *eps)
+    return contract(x, cos, sin, rotary, *eps)
 
 
 def emulation_impl(op, label):
@@ -72,6 +112,12 @@ def emulation_impl(op, label):
     return impl
 
 
+def per_dtype_impl(op, labels: dict):
+    """The emulation of labels[dtype] on each dtype: what an implementation with one kernel per dtype does."""
+    by_dtype = {dtype: emulation_impl(op, label) for dtype, label in labels.items()}
+    return lambda x, *args: by_dtype[str(x.dtype).removeprefix("torch.")](x, *args)
+
+
 @pytest.fixture(scope="module", params=["qnorm_rope", "partial_rope"])
 def judged(request):
     op = request.param
@@ -79,6 +125,12 @@ def judged(request):
     eager = eager_qnorm_rope if op == "qnorm_rope" else eager_partial_rope
     impls = [("dsrope", kernel), ("eager-chain", eager), ("off-by-one-ulp", off_by_one_ulp(eager))]
     impls += [("raises", raises), ("wrong-shape", wrong_shape), ("refuses-fp16", refuses_fp16)]
+    impls += [("writes-into-a-gap", writes_into_a_gap), ("leaves-last-row", leaves_last_row)]
+    impls += [("nan-in-one-element", nan_in_one_element), ("zero-where-nan", zero_where_nan)]
+    impls += [("crashes-on-bf16", crashes_on_bf16)]
+    norm = "two-boundaries+" if op == "qnorm_rope" else ""
+    labels = {"bfloat16": f"{norm}truncating-store", "float16": f"{norm}interleaved", "float32": f"{norm}interleaved"}
+    impls += [("truncates-bf16-only", per_dtype_impl(op, labels))]
     if op == "partial_rope":
         impls.append(("writes-into-x", writes_into_x))
     impls += [(f"emulation {label}", emulation_impl(op, label)) for label in JUDGED[op].emulations["forward"]]
@@ -126,7 +178,9 @@ def test_one_ulp_on_one_percent_does_not_conform_and_has_no_semantics(judged):
 def test_failures_are_reported_not_raised(judged):
     op, results, _ = judged
     failing = results["raises"]["forward"]
-    assert failing["elements"] == 0 and not failing["conforms"]
+    assert failing["elements"] == 0 and failing["conforms"] is None and failing["verdict"] == "not run"
+    backward = results["raises"]["backward"]  # no forward ran: the backward was not run either
+    assert backward is not None and backward["verdict"] == "not run" and backward["semantics"] == []
     assert {n["status"] for n in failing["not_run"]} == {"crashed"}
     assert "RuntimeError: this implementation always fails" in failing["not_run"][0]["error"]
     assert set(failing["layouts"].values()) == {"crashed"}
@@ -136,12 +190,44 @@ def test_failures_are_reported_not_raised(judged):
     assert set(shape["layouts"].values()) == {"silently wrong"}
 
     fp16 = results["refuses-fp16"]["forward"]
-    assert fp16["conforms"] and {n["status"] for n in fp16["not_run"]} == {"refused"}
+    assert fp16["conforms"] and fp16["verdict"] == "partial" and {n["status"] for n in fp16["not_run"]} == {"refused"}
     assert all("float16" in n["case"] or "fp16" in n["case"] or n["case"].startswith("sweep") for n in fp16["not_run"])
 
     if op == "partial_rope":
         wrote = results["writes-into-x"]["forward"]
         assert wrote["writes_into_input"] == ["x"] and wrote["conforms"]
+
+
+def test_wrong_outputs_do_not_conform(judged):
+    """A partial result, one NaN where the reference is finite, a finite value where it is NaN: each is
+    outside the model, in the forward, with its first element reported."""
+    _, results, _ = judged
+    for name in ("leaves-last-row", "nan-in-one-element", "zero-where-nan"):
+        forward = results[name]["forward"]
+        assert forward["verdict"] == "does not conform" and forward["conforms"] is False, name
+        assert forward["outside_model"] > 0 and forward["first_violation"] is not None, name
+    assert (
+        results["nan-in-one-element"]["forward"]["first_violation"]["got"]
+        != results["nan-in-one-element"]["forward"]["first_violation"]["got"]
+    )  # NaN: the reported value is NaN
+
+
+def test_a_write_into_a_gap_of_x_is_reported(judged):
+    """The bytes between x's elements (NaN-poisoned gaps of strided layouts) are part of what a call must
+    leave alone."""
+    _, results, _ = judged
+    forward = results["writes-into-a-gap"]["forward"]
+    assert forward["writes_into_input"] == ["x"] and forward["verdict"] == "conforms"
+
+
+def test_some_cases_crashing_is_partial_and_says_which(judged):
+    _, results, _ = judged
+    r = results["crashes-on-bf16"]
+    for direction in ("forward", "backward"):
+        d = r[direction]
+        assert d["verdict"] == "partial" and d["conforms"], direction
+        assert d["not_run"] and all(n["status"] == "crashed" and "no bf16 kernel" in n["error"] for n in d["not_run"])
+        assert {c["dtype"] for c in d["cases"]} == {"float16", "float32"}, direction
 
 
 def test_against_compares_two_implementations_element_by_element():
@@ -161,3 +247,19 @@ def test_against_compares_two_implementations_element_by_element():
         assert against["forward"]["max_ulp"] == 1
     if not ON_GPU:  # compiled, ours may fuse products into the adds where eager rounds each
         assert against["backward"]["bitwise_equal"] == 1.0  # the ulp moves are in the forward only
+
+
+def test_semantics_are_named_per_dtype_where_they_differ(judged):
+    """Truncating bf16 stores, rounding fp16 (and fp32) to nearest: no one label fits every dtype, and each
+    dtype is named for what it does."""
+    from dsrope_gate.conformance.judging import semantics_text
+
+    op, results, _ = judged
+    forward = results["truncates-bf16-only"]["forward"]
+    norm = ["two-boundaries"] if op == "qnorm_rope" else []
+    assert forward["semantics"] == []
+    by_dtype = forward["semantics_by_dtype"]
+    assert by_dtype["bfloat16"] == [*norm, "truncating-store"] and by_dtype["float16"] == [*norm, "interleaved"]
+    text = semantics_text(forward)
+    assert "truncating-store on bfloat16" in text and "interleaved on float16" in text, text
+    assert forward["verdict"] == "does not conform"  # truncation leaves the error model

@@ -161,16 +161,36 @@ def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress
             layouts[case.name] = outcome if outcome != "ok" else "accepted"
     res = {"impl": name, "op": op.name, "device": device}
     for record in directions.values():
-        wrong = any(n["status"] == "wrong output" for n in record["not_run"])
-        record["conforms"] = record["elements"] > 0 and record["outside_model"] == 0 and not wrong
+        record["verdict"] = verdict(record)
+        # None where nothing was judged: no claim either way
+        record["conforms"] = {"conforms": True, "partial": True, "does not conform": False}.get(record["verdict"])
         record["semantics"] = classify(record["cases"])
+        record["semantics_by_dtype"] = classify_by_dtype(record["cases"])
     res["forward"] = directions["forward"] | {
         "layouts": layouts,
         "writes_into_input": sorted(wrote),
         "token_major_output": token_major,
     }
-    res["backward"] = directions["backward"] if any_backward else None
+    # no backward: some forward ran and none of its outputs carried a grad_fn (forward only); where no forward
+    # ran at all the backward was not run either
+    res["backward"] = directions["backward"] if any_backward or not outputs else None
     return res, outputs
+
+
+VERDICTS = ("conforms", "does not conform", "partial", "not run")
+
+
+def verdict(record: dict) -> str:
+    """What happened in one direction: "not run" (no element judged: every case crashed or was refused),
+    "does not conform" (an element outside the model, or an accepted case returned a wrong shape or dtype),
+    "partial" (every element judged inside the model, but some cases were not run: record["not_run"] says
+    which and why), "conforms" (every case run, every element inside the model)."""
+    wrong = any(n["status"] == "wrong output" for n in record["not_run"])
+    if record["outside_model"] or wrong:
+        return "does not conform"
+    if not record["elements"]:
+        return "not run"
+    return "partial" if record["not_run"] else "conforms"
 
 
 def _direction() -> dict:
@@ -180,6 +200,28 @@ def _direction() -> dict:
 def classify(cases: list[dict]) -> list[str]:
     evidence = [c["shares"] for c in cases if "shares" in c]
     return semantics.classify(evidence, THRESHOLD) if evidence else []
+
+
+def classify_by_dtype(cases: list[dict]) -> dict[str, list[str]]:
+    """dtype -> the labels its cases' bits carry (the dtypes with evidence only): an implementation may
+    compute one semantics in bf16 and another in fp16."""
+    dtypes = dict.fromkeys(c["dtype"] for c in cases if "shares" in c)
+    return {dtype: classify([c for c in cases if c["dtype"] == dtype]) for dtype in dtypes}
+
+
+def semantics_text(record: dict) -> str:
+    """The semantics in words: the labels shared by every dtype, or each dtype's where they differ
+    ("truncating-store on bfloat16; interleaved on float16, float32"); nothing judged, nothing claimed."""
+    if not record["elements"]:
+        return "nothing judged"
+    by_dtype = record.get("semantics_by_dtype") or {}
+    named = lambda labels: ", ".join(labels) or "no known semantics"
+    if record["semantics"] or len({tuple(v) for v in by_dtype.values()}) <= 1:
+        return named(record["semantics"])
+    groups: dict[tuple, list[str]] = {}
+    for dtype, labels in by_dtype.items():
+        groups.setdefault(tuple(labels), []).append(dtype)
+    return "; ".join(f"{named(labels)} on {', '.join(dtypes)}" for labels, dtypes in groups.items())
 
 
 def against(outputs_a: dict, outputs_b: dict) -> dict:

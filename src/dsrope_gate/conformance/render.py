@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+from dsrope_gate.conformance.judging import semantics_text
+
 
 def _fmt_share(v: float) -> str:
     return "100%" if v == 1 else f"{100 * v:.3f}%"
@@ -28,8 +30,10 @@ def render(results: list[dict], meta: dict) -> str:
                 row = f"| `{r['impl']}` | {r['op']} | backward | no backward (no grad_fn): forward only | | | | |"
                 lines.append(row)
                 continue
-            verdict = "conforms" if d["conforms"] else "**does not conform**"
-            sem = ", ".join(d["semantics"]) or "no known semantics"
+            verdict = {"does not conform": "**does not conform**", "not run": "**not run**"}.get(
+                d["verdict"], d["verdict"]
+            )
+            sem = semantics_text(d)
             lines.append(
                 f"| `{r['impl']}` | {r['op']} | {direction} | {verdict} | {sem} | {d['elements']} | "
                 f"{d['outside_model']} | {len(d['not_run'])} |"
@@ -47,6 +51,11 @@ def render(results: list[dict], meta: dict) -> str:
                 lines += ["", "Backward: the output carries no grad_fn; forward only."]
                 continue
             lines += ["", f"### {direction}", ""]
+            ran = len({c["case"] for c in d["cases"]})
+            lines.append(
+                f"Verdict: {d['verdict']} ({d['elements']} elements of {ran} cases judged, {d['outside_model']} "
+                f"outside the model, {len(d['not_run'])} cases not run); semantics: {semantics_text(d)}."
+            )
             if d["first_violation"]:
                 lines.append("First element outside the model (reproduction):")
                 lines.append("```")
@@ -70,6 +79,8 @@ def render(results: list[dict], meta: dict) -> str:
                     "",
                     "Not run: " + "; ".join(f"{n['case']}: {n['status']} ({n['error']})" for n in d["not_run"][:12]),
                 ]
+                if len(d["not_run"]) > 12:
+                    lines[-1] += f"; and {len(d['not_run']) - 12} more (the JSON lists every one)"
         if "against" in r:
             a = r["against"]
             lines += ["", f"### against `{a['impl']}`", ""]
