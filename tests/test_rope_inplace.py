@@ -12,7 +12,8 @@ import pytest
 import torch
 from dsrope_reference.floats import bits
 from dsrope_reference.rope import partial_rope
-from hypothesis import given, note
+from hypothesis import assume, given, note
+from hypothesis import strategies as st
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_
 from dsrope.rope import inplace_config, partial_rope_
@@ -133,6 +134,37 @@ def test_refused_before_launch(name, args, error, words):
         not isinstance(a, torch.Tensor) or torch.equal(bits(a), bits(b)) for a, b in zip(args, before, strict=True)
     )
     assert all(unchanged)
+
+
+def shares_memory(shape, strides) -> bool:
+    """Whether two elements of a view with these sizes and strides sit at the same offset (brute force)."""
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(shape, strides, strict=True):
+        offsets = (offsets[..., None] + torch.arange(size) * stride).flatten()
+    return offsets.unique().numel() < offsets.numel()
+
+
+@st.composite
+def overlapping_views(draw):
+    """x [B, H, S, D] as an as_strided view whose elements share memory: every stride non-zero (the
+    partial overlaps a stride-0 check misses), any order, sizes small enough to enumerate."""
+    shape = tuple(draw(st.integers(1, 4)) for _ in range(3)) + (2 * draw(st.integers(1, 8)),)
+    strides = tuple(draw(st.integers(1, 40)) for _ in range(4))
+    assume(shares_memory(shape, strides))
+    return shape, strides, draw(st.integers(0, 8))
+
+
+@given(overlapping_views())
+def test_overlapping_views_are_refused(view):
+    shape, strides, offset = view
+    span = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + 1
+    base = values((span,), torch.bfloat16, seed=1).to(DEVICE)
+    x = base.as_strided(shape, strides, offset)
+    before = bits(base).clone()
+    cos, sin = tables(shape[0], shape[2], shape[3])
+    with pytest.raises(ValueError, match="do not share memory"):
+        apply_partial_rope_triton_(x, cos, sin, shape[3])
+    assert torch.equal(bits(base), before)
 
 
 def test_leaf_requiring_grad_is_refused_as_torch_refuses_it():

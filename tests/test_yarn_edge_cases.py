@@ -30,6 +30,8 @@ import struct
 import pytest
 import torch
 from dsrope_reference.floats import bits
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dsrope.rope_utils import precompute_freqs_cis, yarn_get_mscale
 
@@ -205,3 +207,19 @@ def test_mscale_zero_differs_from_default():
     """mscale 0 is not 'no mscale given': at DeepSeek-V3's factor 40 the default mscale 1 gives ~1.369."""
     assert yarn_get_mscale(40, 0) == 1.0
     assert yarn_get_mscale(40) == upstream_mscale(40, 1) > 1.36
+
+
+@given(
+    scale=st.floats(0.0, 1e6, exclude_min=True) | st.integers(1, 10**6),
+    mscale=st.floats(-4.0, 4.0, allow_nan=False) | st.sampled_from(MSCALES),
+    mscale_all_dim=st.floats(-4.0, 4.0, allow_nan=False) | st.sampled_from(MSCALES),
+)
+def test_mscale_and_attention_scale_ratio_equal_upstream_over_a_drawn_range(scale, mscale, mscale_all_dim):
+    """The fixed grid above, over any scale in (0, 1e6] (floats and ints; 0 is refused) and any mscale in [-4, 4]: the
+    transcription's FP64 value bit for bit, and the attention-scale ratio where its denominator is not 0."""
+    got = yarn_get_mscale(scale, mscale)
+    assert float_bits(got) == float_bits(upstream_mscale(scale, mscale)), (scale, mscale, got)
+    denominator = upstream_mscale(scale, mscale_all_dim)
+    if denominator != 0:
+        ratio = got / yarn_get_mscale(scale, mscale_all_dim)
+        assert float_bits(ratio) == float_bits(upstream_mscale(scale, mscale) / denominator)

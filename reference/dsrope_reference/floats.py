@@ -121,7 +121,8 @@ NAN_VS_NUMBER = 1 << 62  # the ulp distance of a NaN from a number: beyond any d
 def bits(t: torch.Tensor) -> torch.Tensor:
     """The raw bits of t as integers of its width, on the CPU: the project's one view of a float's bits
     (bit-for-bit comparisons, orders, encodings)."""
-    return t.detach().cpu().contiguous().view(INT_OF[t.dtype])
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().cpu().contiguous().view(width)
 
 
 def ordered(t: torch.Tensor) -> torch.Tensor:
