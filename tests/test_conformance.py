@@ -263,3 +263,30 @@ def test_semantics_are_named_per_dtype_where_they_differ(judged):
     text = semantics_text(forward)
     assert "truncating-store on bfloat16" in text and "interleaved on float16" in text, text
     assert forward["verdict"] == "does not conform"  # truncation leaves the error model
+
+
+def test_the_report_and_the_json_carry_each_verdict(judged):
+    """The markdown table names each implementation's verdict and semantics as the JSON holds them; the
+    first violation leads with the case that holds it (the first judged case with an element outside)."""
+    from dsrope_gate.conformance.render import render
+
+    op, results, meta = judged
+    text = render(list(results.values()), meta)
+    expected = {
+        "eager-chain": "| conforms |",
+        "refuses-fp16": "| partial |",
+        "raises": "| **not run** |",
+        "leaves-last-row": "| **does not conform** |",
+    }
+    for name, cell in expected.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` | {op} | forward |"))
+        assert cell in row, row
+        assert results[name]["forward"]["verdict"] == cell.strip("| *")
+    row = next(line for line in text.splitlines() if line.startswith(f"| `raises` | {op} | forward |"))
+    assert "| nothing judged |" in row  # no semantics claimed with nothing judged
+    forward = results["leaves-last-row"]["forward"]
+    first_bad = next(c["case"] for c in forward["cases"] if c["outside_model"])
+    assert forward["first_violation"]["case"] == first_bad
+    outcomes = {probe: outcome for probe, outcome in forward["layouts"].items() if not probe.startswith("empty")}
+    assert set(outcomes.values()) == {"silently wrong"} and forward["layouts"]["empty (S = 0)"] == "accepted"
+    assert json.loads(json.dumps(results, default=str))[name]["forward"]["verdict"] == "does not conform"

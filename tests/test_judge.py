@@ -14,9 +14,20 @@ other bound, they check that the stated one is enforced.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
-from dsrope_reference.floats import inside, round_down, round_nearest, round_up
+from dsrope_reference.floats import (
+    NAN_VS_NUMBER,
+    budget_used,
+    inside,
+    round_down,
+    round_nearest,
+    round_up,
+    same_values,
+    ulp_distance,
+)
 
 from dsrope_gate.cases import Case, Drawn, Seeded, Tables, Values
 from dsrope_gate.layouts import CONTIGUOUS
@@ -118,3 +129,85 @@ def test_model_allows_only_the_even_neighbour_at_a_midpoint(direction, dtype):
     assert torch.equal(model.ref[midpoint], even[midpoint])
     assert bool(accepted(even.float().to(case.torch_dtype), model)[midpoint].all())
     assert not bool(accepted(odd.float().to(case.torch_dtype), model)[midpoint].any()), "the odd neighbour accepted"
+
+
+# --- the rounding helpers, the ulp distance and the budget (dsrope_reference.floats) ------------------------
+
+NUMPY = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def doubles(dtype: torch.dtype, n: int = 4000, seed: int = 0) -> torch.Tensor:
+    """FP64 values that probe a rounding into dtype: random significands over its whole exponent range
+    (subnormals and overflow included), exact midpoints of two neighbours, midpoints moved by one FP64 ulp
+    (where rounding through FP32 first goes wrong), signed zeros and infinities."""
+    info = torch.finfo(dtype)
+    g = torch.Generator().manual_seed(seed)
+    mantissa = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    low, high = math.log2(info.smallest_normal) - mantissa - 2, math.log2(info.max) + 1
+    e = torch.rand(n, generator=g, dtype=torch.float64) * (high - low) + low
+    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()
+    v = sign * torch.exp2(e)
+    grid = v.to(torch.float32).to(dtype).double()
+    up = torch.nextafter(grid.to(dtype), torch.full_like(grid, math.inf).to(dtype)).double()
+    mid = (grid + up) / 2
+    mid = mid[torch.isfinite(mid)]
+    specials = torch.tensor([0.0, -0.0, math.inf, -math.inf, info.max, -info.max, info.tiny, info.smallest_normal / 4])
+    return torch.cat((v, mid, torch.nextafter(mid, mid * 2), torch.nextafter(mid, mid / 2), specials))
+
+
+def correctly_rounded(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """v rounded once to nearest even by numpy / ml_dtypes (independent of the reference's arithmetic)."""
+    import ml_dtypes
+    import numpy as np
+
+    target = getattr(ml_dtypes, NUMPY[dtype]) if dtype == torch.bfloat16 else getattr(np, NUMPY[dtype])
+    with np.errstate(over="ignore"):
+        return torch.from_numpy(v.numpy().astype(target).astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_round_nearest_is_the_correct_rounding_and_down_up_bracket_it(dtype):
+    v = doubles(dtype)
+    nearest = round_nearest(v, dtype)
+    assert same_values(nearest, correctly_rounded(v, dtype)), "round_nearest is not round-to-nearest-even"
+    down, up = round_down(v, dtype), round_up(v, dtype)
+    finite = torch.isfinite(v)
+    assert bool(((down <= v) & (v <= up))[finite].all())
+    assert bool(((nearest == down) | (nearest == up) | nearest.isinf())[finite].all())
+    exact = correctly_rounded(v, dtype) == v
+    assert bool((down == up)[finite & exact].all()) and bool((down < up)[finite & ~exact].all())
+    step = torch.nextafter(down.to(torch.float32).to(dtype), up.to(torch.float32).to(dtype)).double()
+    assert bool((step == up)[finite & ~exact].all()), "round_down and round_up are not neighbours"
+
+
+def test_ulp_distance_counts_values_once_across_zero_and_nan_apart():
+    one = torch.tensor([1.0], dtype=torch.bfloat16)
+    nxt = torch.nextafter(one, torch.tensor([2.0], dtype=torch.bfloat16))
+    tiny = torch.tensor([2.0**-133], dtype=torch.bfloat16)  # the smallest bf16 subnormal
+    pairs = [
+        (one, one, 0),
+        (one, nxt, 1),
+        (torch.tensor([0.0]), torch.tensor([-0.0]), 0),
+        (tiny, -tiny, 2),
+        (torch.tensor([float("nan")]), torch.tensor([float("nan")]), 0),
+        (torch.tensor([float("nan")]), torch.tensor([1.0]), NAN_VS_NUMBER),
+        (torch.tensor([float("inf")]), torch.tensor([torch.finfo(torch.float32).max]), 1),
+    ]
+    for a, b, want in pairs:
+        a, b = a.to(b.dtype), b
+        assert int(ulp_distance(a, b)) == want == int(ulp_distance(b, a)), (a, b)
+
+
+def test_same_values_tells_signed_zeros_apart_and_lets_nan_meet_nan():
+    assert same_values(torch.tensor([0.0, float("nan")]), torch.tensor([0.0, float("nan")]))
+    assert not same_values(torch.tensor([0.0]), torch.tensor([-0.0]))
+    assert not same_values(torch.tensor([1.0]), torch.tensor([float("nan")]))
+
+
+def test_budget_used_is_zero_at_the_reference_one_at_a_bound_and_beyond_one_past_it():
+    ref = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, float("nan")], dtype=torch.float64)
+    lo, hi = ref - 0.5, ref + 0.25
+    out = torch.tensor([1.0, 1.25, 0.5, 1.5, float("nan"), 3.0], dtype=torch.float64)
+    used = budget_used(out, ref, lo, hi)
+    assert used[:3].tolist() == [0.0, 1.0, 1.0] and used[3] == 2.0 and used[4] == math.inf
+    assert used[5] == math.inf  # a number where the reference is NaN
