@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import sys
 from dataclasses import dataclass
@@ -444,7 +443,9 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    from dsrope.interpreter import interpreting
+
+    return interpreting()
 
 
 def kernel_device() -> torch.device:

@@ -17,4 +17,6 @@ def interpret_without_gpu() -> bool:
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    from dsrope.interpreter import interpreting  # after the variable is set: dsrope's kernels decorate on import
+
+    return interpreting()
