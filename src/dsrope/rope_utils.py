@@ -152,7 +152,7 @@ def freqs_cis_from_position_ids(
       path of apply_rotary_emb_qk finds each token's position from its place (bshd: its index;
       thd: its offset in its cu_seqlens sequence; both through the context-parallel split).
     freqs: FP32 [d/2] from precompute_freqs_cis (moved to position_ids' device).
-    Positions beyond 2**24 are rounded to FP32 before the product, as FP32 tables always did.
+    Positions beyond 2**24 are rounded to FP32 before the product (upstream's FP32 angle).
     Default: the trained table, upstream's torch.polar of the FP32 angle in FP32 on position_ids'
     device; the fused table's cos and sin are the complex table's real and imaginary parts, bit
     for bit. fp64=True: cos and sin of the same FP32 angle in FP64, rounded once to FP32.
