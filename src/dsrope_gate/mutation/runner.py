@@ -80,7 +80,7 @@ HOME = {
     ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
     QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
     UTILS: ("test_rope_utils.py", "test_yarn_edge_cases.py", "test_vs_transformers_tables.py"),
-    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py", "test_rope.py"),  # the kernels that call them
+    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py"),  # swap_pairs, pair_table: their callers
     TILES: ("test_rope.py", "test_qnorm_rope.py"),
     CHECKS: ("test_custom_ops.py",),  # wants_autograd: forward-mode AD
 }
