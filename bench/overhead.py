@@ -31,7 +31,8 @@ interpret_without_gpu()  # dsrope accepts CPU tensors only in interpreter mode
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 from dsrope import qnorm_rope as qnorm_module  # noqa: E402
 from dsrope import rope as rope_module  # noqa: E402
-from dsrope._common import check_eps, check_rotary, check_table, check_x, token_major_empty  # noqa: E402
+from dsrope.checks import check_eps, check_rotary, check_table, check_x  # noqa: E402
+from dsrope.tiles import token_major_empty  # noqa: E402
 
 B, H, S, D, R, EPS = 1, 128, 1, 512, 64, 1e-6
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

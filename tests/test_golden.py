@@ -21,12 +21,12 @@ import pytest
 import torch
 from dsrope_reference.floats import judge
 
+from dsrope.interpreter import interpreting
 from dsrope_gate import golden, snapshots
-from dsrope_gate.startup import interpreting
 
 NAMES = [c.name for c in golden.CASES]
 # Cases the interpreter cannot run right, as strict xfails. Empty: the interpreter's wrong widening of
-# bf16 subnormals (-1.3775e-39 loaded as -1.0286e-38) is fixed by dsrope._common's interpreter patch
+# bf16 subnormals (-1.3775e-39 loaded as -1.0286e-38) is fixed by dsrope.interpreter's rounding fix
 # (tests/test_interpreter_rounding.py checks every bf16 value).
 INTERPRETER_WRONG: dict[str, str] = {}
 

@@ -139,9 +139,9 @@ def test_worker_sees_its_pinned_gpu():
 @pytest.mark.parametrize("batch,dim", [(1, 512), (4, 512), (1, 320)])
 def test_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
     """Decode shapes (S=1, B*H rows) launch partial RoPE with fewer rows per program
-    (_common.spread_rows); every bit must stay what the prefill config computes."""
+    (dsrope.tiles.spread_rows); every bit must stay what the prefill config computes."""
     import dsrope.rope
-    from dsrope._common import spread_rows, tile_config
+    from dsrope.tiles import spread_rows, tile_config
 
     rows = batch * 64
     assert spread_rows(tile_config(dim, 1024), rows, torch.device(DEVICE))["M"] < tile_config(dim, 1024)["M"]

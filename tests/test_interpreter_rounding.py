@@ -1,4 +1,4 @@
-"""The interpreter's float conversions, as dsrope fixes them (dsrope._common), against ml_dtypes.
+"""The interpreter's float conversions, as dsrope fixes them (dsrope.interpreter), against ml_dtypes.
 
 Compiled kernels round fp32 -> bf16 to nearest even and widen bf16 -> fp32 exactly; the CPU
 suite checks bf16 results bit for bit only because the interpreter does the same after the fix.

@@ -25,9 +25,8 @@ from dsrope_reference.rope import Model
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dsrope._common
+import dsrope.checks
 import dsrope.rope
-from dsrope import rope_utils
 from dsrope.rope_utils import (
     apply_rotary_emb,
     apply_rotary_emb_half_split,
@@ -375,8 +374,7 @@ def test_cached_table_runs_kernel_and_agrees_with_eager(dtype, launches):
 
 def test_kernel_needs_its_device(monkeypatch, launches):
     """Without the interpreter a CPU table is rotated eagerly; rope_fusion=True is refused."""
-    monkeypatch.setattr(rope_utils, "INTERPRET", False)
-    monkeypatch.setattr(dsrope._common, "INTERPRET", False)
+    monkeypatch.setattr(dsrope.checks, "INTERPRET", False)
     x = values((1, 4, 2, 8), torch.float32, seed=17)
     table = freqs_cis_from_position_ids(torch.arange(4)[None], v3_freqs(8))
     assert_within(ref.interleaved(x, table).judge(apply_rotary_emb(x, table)), "eager on CPU")

@@ -1,10 +1,8 @@
 """dsrope: the DeepSeek RoPE kernel set in Triton."""
 
-from dsrope._common import INTERPRET
+from dsrope.interpreter import INTERPRET, install_interpreter_rounding
 
 if INTERPRET:
-    from dsrope._common import install_interpreter_rounding
-
     install_interpreter_rounding()
 
 from dsrope import rope_utils  # noqa: E402, F401

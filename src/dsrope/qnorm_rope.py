@@ -21,17 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dsrope._common import (
-    check_eps,
-    check_rotary,
-    check_table,
-    check_x,
-    pair_table,
-    swap_pairs,
-    tile_config,
-    token_major_empty,
-    wants_autograd,
-)
+from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
+from dsrope.pair_rotation import pair_table, swap_pairs
+from dsrope.tiles import tile_config, token_major_empty
 
 
 @triton.jit
@@ -229,9 +221,9 @@ torch.library.register_autograd("dsrope::qnorm_rope", _QNormRoPE.backward_op, se
 
 
 def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:
-    """QNorm + RoPE of checked arguments, as rope._run: the op under torch.compile; in eager the
-    autograd.Function when a gradient is wanted, else the launcher alone. The same launchers on the
-    same arguments: the same bits."""
+    """QNorm + RoPE of checked arguments, as rope.apply_partial_rope_unchecked: the op under
+    torch.compile; in eager the autograd.Function when a gradient is wanted, else the launcher alone.
+    The same launchers on the same arguments: the same bits."""
     if torch.compiler.is_compiling():
         return qnorm_rope(x, cos, sin, rotary, eps)[0]
     if wants_autograd(x):

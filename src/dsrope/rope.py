@@ -17,21 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dsrope._common import (
-    INTERPRET,
-    check_rotary,
-    check_table,
-    check_writable,
-    check_x,
-    next_pow2,
-    pair_table,
-    rotate_lane,
-    spread_rows,
-    swap_pairs,
-    tile_config,
-    token_major_empty,
-    wants_autograd,
-)
+from dsrope.checks import check_rotary, check_table, check_writable, check_x, wants_autograd
+from dsrope.interpreter import INTERPRET
+from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
 
 
 # Arguments grouped as the seed groups them (pointers, sizes, each tensor's strides, constexprs);
@@ -46,7 +35,7 @@ def _rotate(
     """Rotate M rows of x [B, H, S, D] into token-major storage `out` [B, S, H, D].
 
     Each row is one contiguous tile of channels; a rotary lane also loads its pair partner
-    (channel c ^ 1 within the rotary slice, same cache lines), so loads and stores stay
+    (position j ^ 1 within the rotary slice, same cache lines), so loads and stores stay
     contiguous. INVERSE negates the sine: the backward is the same kernel.
     """
     # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
@@ -59,27 +48,27 @@ def _rotate(
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * DIM)[:, None]
 
-    c = tl.arange(0, BLOCK).to(tl.int64)[None, :]
-    valid = row_ok[:, None] & (c < DIM)
-    j = c - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
+    channel = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    valid = row_ok[:, None] & (channel < DIM)
+    j = channel - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
     rot = valid & (j >= 0)
     second = (j & 1) == 1  # second channel of its pair
-    # j ^ 1 is the partner's position; a select between c - 1 and c + 1 made the compiler treat
-    # the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
-    partner = (j ^ 1) + (DIM - ROTARY)
+    # j ^ 1 is the partner's position; a select between channel - 1 and channel + 1 made the compiler
+    # treat the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
+    partner_channel = (j ^ 1) + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    v = tl.load(x_row + c * XD, mask=valid)
-    a = v.to(tl.float32)
-    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
+    value = tl.load(x_row + channel * XD, mask=valid)
+    own = value.to(tl.float32)
+    partner = tl.load(x_row + partner_channel * XD, mask=rot).to(tl.float32)
     k = j // 2
     cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
     sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
         sn = -sn
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(a, cs, tl.where(second, p, -p) * sn)
-    result = tl.where(rot, rotated.to(out.dtype.element_ty), v)
-    tl.store(out_row + c, result, mask=valid)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    result = tl.where(rot, rotated.to(out.dtype.element_ty), value)
+    tl.store(out_row + channel, result, mask=valid)
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:
@@ -108,43 +97,42 @@ def _rotate_inplace(
     heads at M // GROUP consecutive tokens (token = b * S + s).
 
     A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes). Each row is one load and
-    one store: the pair partner comes from registers (swap_pairs) and each table entry is loaded once
-    per pair (pair_table); the first form of this kernel loaded every partner a second time, a gather
-    (docs/perf.md times both). Rows are disjoint (check_writable), so no store meets a value still to
-    be read. The rotation is _rotate's, rotate_lane on the same operands (the same bits); the names
-    differ so that each mutant of the catalog edits one kernel.
+    one store: the pair partner comes from registers (swap_pairs), not from a second load (a gather,
+    slower: docs/perf.md), and each table entry is loaded once per pair (pair_table). Rows are disjoint
+    (check_writable), so no store meets a value still to be read. The rotation is _rotate's, rotate_lane
+    on the same operands (the same bits).
     """
     tl.static_assert(M % GROUP == 0)  # a tile is whole tokens of GROUP heads: no row twice
     head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP
     tile = tl.program_id(0)
     i = tl.arange(0, M)
-    # int64: token * XS, batch * XB and head * XH pass 2**31 on large tensors
-    head = ((tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)
+    # int64: token * XS, b * XB and h * XH pass 2**31 on large tensors
+    h = ((tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)
     token = (tile // head_blocks).to(tl.int64) * (M // GROUP) + i // GROUP
-    row_ok = (head < HEADS) & (token < tokens)
-    position = token % SEQUENCE
-    batch = token // SEQUENCE
-    x_row = x + (batch * XB + position * XS + head * XH)[:, None]
+    row_ok = (h < HEADS) & (token < tokens)
+    s = token % SEQUENCE
+    b = token // SEQUENCE
+    x_row = x + (b * XB + s * XS + h * XH)[:, None]
 
-    # position inside the rotary slice; int64: own_channel * XD passes 2**31 on a channel-strided x
-    lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]
-    lane_ok = row_ok[:, None] & (lane < ROTARY)
-    odd = (lane & 1) == 1  # second channel of its pair
-    own_channel = lane + (DIM - ROTARY)
+    # position inside the rotary slice; int64: channel * XD passes 2**31 on a channel-strided x
+    j = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    rot = row_ok[:, None] & (j < ROTARY)
+    second = (j & 1) == 1  # second channel of its pair
+    channel = j + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    own = tl.load(x_row + own_channel * XD, mask=lane_ok).to(tl.float32)
-    mate = swap_pairs(own, M, BLOCK)
-    cs = pair_table(cos, position * CS + batch * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
-    sn = pair_table(sin, position * SS + batch * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
+    own = tl.load(x_row + channel * XD, mask=rot).to(tl.float32)
+    partner = swap_pairs(own, M, BLOCK)
+    cs = pair_table(cos, s * CS + b * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
+    sn = pair_table(sin, s * SS + b * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(odd, mate, -mate) * sn)
-    tl.store(x_row + own_channel * XD, rotated.to(x.dtype.element_ty), mask=lane_ok)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    tl.store(x_row + channel * XD, rotated.to(x.dtype.element_ty), mask=rot)
 
 
 def inplace_config(rotary: int, heads: int, tokens: int) -> dict:
     """Tile of _rotate_inplace: M rows (GROUP heads at M // GROUP tokens), BLOCK lanes, warps.
 
-    Measured on the H200 (tools/sweep.py --kernels rope_inplace --decode, docs/perf.md, 2026-12-04): 1024
+    Measured on the H200 (tools/sweep.py --kernels rope_inplace --decode, docs/perf.md): 1024
     elements and 4 warps a program, two heads at eight tokens (among the top eight of 30 configs, which are
     within 0.01 of copy bandwidth of each other); where the tokens cannot fill a tile (decode: S = 1), every
     row of a tile is a head of one token, and a launch of few rows gets fewer rows per program, down to 4
@@ -209,9 +197,10 @@ def _token_major_like(x, cos, sin, rotary):
 class _PartialRoPE(torch.autograd.Function):
     """Autograd of partial RoPE; only cos and sin are saved.
 
-    Two ways in, one formula: eager calls go through `apply` (see _run), whose forward and backward
-    call the launcher directly; the op gets `save` as its setup_context and `backward_op`, which
-    calls the backward op so that tracing sees it. Both launch `_launch` on the same arguments.
+    Two ways in, one formula: eager calls go through `apply` (see apply_partial_rope_unchecked), whose
+    forward and backward call the launcher directly; the op gets `save` as its setup_context and
+    `backward_op`, which calls the backward op so that tracing sees it. Both launch `_launch` on the
+    same arguments.
     """
 
     @staticmethod
@@ -239,11 +228,14 @@ class _PartialRoPE(torch.autograd.Function):
 torch.library.register_autograd("dsrope::partial_rope", _PartialRoPE.backward_op, setup_context=_PartialRoPE.save)
 
 
-def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
-    """Partial RoPE of checked arguments. Under torch.compile: the op. In eager, host time decides
-    (docs/perf.md, decode): the autograd.Function when a gradient is wanted (the op's dispatch and
-    autograd wrapper cost 2.5 times as much), else the launcher alone (inference, decode). Every
-    path launches `_launch` on the same arguments: the same bits."""
+def apply_partial_rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int) -> torch.Tensor:
+    """apply_partial_rope_triton without its argument checks, for a caller that made them (rope_utils,
+    whose tables it builds itself): the same result, less host time.
+
+    Under torch.compile: the op. In eager, host time decides (docs/perf.md, decode): the
+    autograd.Function when a gradient is wanted (the op's dispatch and autograd wrapper cost 2.5 times
+    as much), else the launcher alone (inference, decode). Every path launches `_launch` on the same
+    arguments: the same bits."""
     if torch.compiler.is_compiling():
         return partial_rope(x, cos, sin, rotary)
     if wants_autograd(x):
@@ -261,7 +253,7 @@ def apply_partial_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
     check_rotary(rotary, x.shape[-1])
     check_table("cos", cos, x, rotary)
     check_table("sin", sin, x, rotary)
-    return _run(x, cos, sin, rotary)
+    return apply_partial_rope_unchecked(x, cos, sin, rotary)
 
 
 # --- in place ------------------------------------------------------------------------------------------

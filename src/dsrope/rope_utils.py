@@ -39,25 +39,29 @@ balance for causal attention).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 
-from dsrope._common import (
-    INTERPRET,
+from dsrope.checks import (
     check_bool,
     check_complex_table,
+    check_cp,
     check_device,
+    check_even_int,
     check_format,
+    check_freqs,
+    check_fused_table,
     check_int,
+    check_position_ids,
+    check_qk,
     check_real,
-    check_tensor,
+    check_rope_scaling,
+    check_sequence_lengths,
+    check_unsqueeze_dim,
     check_x,
+    kernels_run_on,
 )
-from dsrope.rope import _run
-
-YARN_KEYS = ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings")
-
+from dsrope.rope import apply_partial_rope_unchecked
 
 # --- frequencies ---------------------------------------------------------------------------------
 
@@ -69,27 +73,6 @@ def yarn_get_mscale(scale=1, mscale=1) -> float:
     if scale <= 1:
         return 1.0
     return 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn_parameters(rope_scaling):
-    """(factor, beta_fast, beta_slow, original) when rope_scaling carries all four keys, else None."""
-    if rope_scaling is None:
-        return None
-    if not isinstance(rope_scaling, Mapping):
-        raise TypeError(f"rope_scaling: expected a dict or None, got {type(rope_scaling).__name__}")
-    if not all(key in rope_scaling for key in YARN_KEYS):
-        return None
-    factor = check_real("rope_scaling['factor']", rope_scaling["factor"], 0.0)
-    beta_fast = check_real("rope_scaling['beta_fast']", rope_scaling["beta_fast"], 0.0)
-    beta_slow = check_real("rope_scaling['beta_slow']", rope_scaling["beta_slow"], 0.0)
-    if beta_fast < beta_slow:
-        raise ValueError(f"rope_scaling['beta_fast']: expected >= beta_slow ({beta_slow}), got {beta_fast}")
-    original = check_int(
-        "rope_scaling['original_max_position_embeddings']",
-        rope_scaling["original_max_position_embeddings"],
-        1,
-    )
-    return factor, beta_fast, beta_slow, original
 
 
 def _correction_dim(rotations: float, dim: int, theta: float, positions: int) -> float:
@@ -119,12 +102,10 @@ def precompute_freqs_cis(
     exact value). reference/rope_utils.py bounds the error of each entry of either table;
     tests/test_rope_utils.py checks both against mpmath.
     """
-    dim = check_int("qk_rope_head_dim", qk_rope_head_dim, 2)
-    if dim % 2:
-        raise ValueError(f"qk_rope_head_dim: expected an even int, got {dim}")
+    dim = check_even_int("qk_rope_head_dim", qk_rope_head_dim, 2)
     check_int("max_seq_len", max_seq_len, 1)
     theta = check_real("rope_theta", rope_theta, 1.0)
-    yarn = _yarn_parameters(rope_scaling)
+    yarn = check_rope_scaling(rope_scaling)
     dtype = torch.float64 if check_bool("fp64", fp64) else torch.float32
 
     # Upstream's ops in upstream's order: in FP32 each rounds (a Python number operand is rounded to
@@ -171,24 +152,14 @@ def freqs_cis_from_position_ids(
       path of apply_rotary_emb_qk finds each token's position from its place (bshd: its index;
       thd: its offset in its cu_seqlens sequence; both through the context-parallel split).
     freqs: FP32 [d/2] from precompute_freqs_cis (moved to position_ids' device).
-    Positions beyond 2**24 are rounded to FP32 before the product, as FP32 tables always did.
+    Positions beyond 2**24 are rounded to FP32 before the product (upstream's FP32 angle).
     Default: the trained table, upstream's torch.polar of the FP32 angle in FP32 on position_ids'
     device; the fused table's cos and sin are the complex table's real and imaginary parts, bit
     for bit. fp64=True: cos and sin of the same FP32 angle in FP64, rounded once to FP32.
     """
     check_format("qkv_format", qkv_format)
-    rank = 2 if qkv_format == "bshd" else 1
-    check_tensor("position_ids", position_ids)
-    if position_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"position_ids: expected dtype int32 or int64, got {position_ids.dtype}")
-    if position_ids.dim() != rank:
-        words = "[batch, sequence]" if rank == 2 else "[tokens]"
-        raise ValueError(
-            f"position_ids: expected rank {rank} {words} for {qkv_format}, got shape {list(position_ids.shape)}"
-        )
-    check_tensor("freqs", freqs)
-    if freqs.dtype != torch.float32 or freqs.dim() != 1:
-        raise TypeError(f"freqs: expected a float32 [d/2] tensor, got {freqs.dtype} {list(freqs.shape)}")
+    check_position_ids(position_ids, qkv_format)
+    check_freqs(freqs)
     check_bool("for_fused_rope", for_fused_rope)
     check_int("cp_size", cp_size, 1)
     check_bool("fp64", fp64)
@@ -207,18 +178,18 @@ def freqs_cis_from_position_ids(
 
 def _runs_kernel(x: torch.Tensor, table: torch.Tensor) -> bool:
     """A cached table (no grad) on a device the Triton kernel runs on."""
-    on_kernel_device = x.device.type == "cuda" or (x.device.type == "cpu" and INTERPRET)
-    return on_kernel_device and not table.requires_grad
+    return kernels_run_on(x.device) and not table.requires_grad
 
 
 def _kernel(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Interleaved rotation of all channels of x [B, S, H, d] by the kernel; cos, sin FP32 [B, S, d].
 
     The kernel takes [B, H, S, d] with any strides and returns token-major storage, so the
-    transposes are views and the result is a contiguous [B, S, H, d]. Through rope._run: the op
-    dsrope::partial_rope under torch.compile, the autograd.Function in eager.
+    transposes are views and the result is a contiguous [B, S, H, d]. The arguments are checked here
+    (x, and the tables built from checked ones): apply_partial_rope_unchecked, the op
+    dsrope::partial_rope under torch.compile, the autograd.Function or the launcher in eager.
     """
-    return _run(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
+    return apply_partial_rope_unchecked(x.transpose(1, 2), cos, sin, x.shape[-1]).transpose(1, 2)
 
 
 def _interleaved(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -252,11 +223,7 @@ def apply_rotary_emb(
     autograd reaches it. Returns x's shape and dtype (contiguous).
     """
     check_format("qkv_format", qkv_format)
-    if unsqueeze_dim is not None and (isinstance(unsqueeze_dim, bool) or unsqueeze_dim not in (2, -2)):
-        raise ValueError(
-            f"unsqueeze_dim: expected None or 2 (-2), the head dim of [batch, sequence, heads, channels], "
-            f"got {unsqueeze_dim!r}"
-        )
+    check_unsqueeze_dim(unsqueeze_dim)
     if qkv_format == "bshd":
         ranks = (
             {3: "[batch, sequence, channels]"}
@@ -318,67 +285,9 @@ def _shard_positions(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
     )
 
 
-def _sequence_lengths(cu_seqlens, q: torch.Tensor, format: str, cp_size: int) -> list[int]:
-    """Global lengths of the sequences the local tokens belong to (one sequence without cu_seqlens)."""
-    local = q.shape[1] if format == "bshd" else q.shape[0]
-    if cu_seqlens is None:
-        lengths = [local * cp_size]
-    else:
-        if format != "thd":
-            raise ValueError("cu_seqlens: expected None for format 'bshd' (packed sequences are thd)")
-        check_tensor("cu_seqlens", cu_seqlens)
-        if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
-            raise ValueError(
-                f"cu_seqlens: expected an int32/int64 [sequences + 1] tensor, got {cu_seqlens.dtype} "
-                f"{list(cu_seqlens.shape)}"
-            )
-        bounds = cu_seqlens.tolist()
-        lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
-        if bounds[0] != 0 or min(lengths) < 0:
-            raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0, got {bounds}")
-        if bounds[-1] != local * cp_size:
-            raise ValueError(
-                f"cu_seqlens: expected the global token count q.shape[0] * cp_size = {local * cp_size} "
-                f"as last offset, got {bounds[-1]}"
-            )
-    if cp_size > 1 and any(n % (2 * cp_size) for n in lengths):
-        raise ValueError(
-            f"cp_size: expected every sequence length divisible by 2 * cp_size = {2 * cp_size}, got lengths {lengths}"
-        )
-    return lengths
-
-
-def _check_qk(q, k, format: str) -> None:
-    rank, words = (4, "[batch, sequence, heads, channels]") if format == "bshd" else (3, "[tokens, heads, channels]")
-    check_x(q, "q", {rank: words}, even_channels=True, device=False)
-    check_x(k, "k", {rank: words}, even_channels=True, device=False)
-    if k.shape[:-2] != q.shape[:-2] or k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k: expected q's tokens and channels {list(q.shape[:-2])}, {q.shape[-1]}, got {list(k.shape)}"
-        )
-    if k.device != q.device:
-        raise ValueError(f"k: expected a tensor on q's device {q.device}, got {k.device}")
-
-
 def _fused_tables(freqs_cis, q: torch.Tensor, format: str, lengths: list[int], cp_size: int, cp_rank: int):
     """FP32 cos, sin [B, S, d] (thd: B = 1) for the kernel, rows picked from the fused table."""
-    check_tensor("freqs_cis", freqs_cis)
     d = q.shape[-1]
-    if freqs_cis.dtype != torch.float32:
-        raise TypeError(
-            f"freqs_cis: expected the fused table (float32 [2, positions, channels], from "
-            f"freqs_cis_from_position_ids(..., for_fused_rope=True)) for rope_fusion=True, "
-            f"got {freqs_cis.dtype}"
-        )
-    longest = max(lengths)
-    if freqs_cis.dim() != 3 or freqs_cis.shape[0] != 2 or freqs_cis.shape[2] != d or freqs_cis.shape[1] < longest:
-        raise ValueError(
-            f"freqs_cis: expected the fused shape [2, positions >= {longest}, {d}], got {list(freqs_cis.shape)}"
-        )
-    if freqs_cis.requires_grad:
-        raise ValueError("freqs_cis: expected a fixed table (requires_grad=False) for rope_fusion=True")
-    if freqs_cis.device != q.device:
-        raise ValueError(f"freqs_cis: expected a tensor on q's device {q.device}, got {freqs_cis.device}")
     batch, tokens = (q.shape[0], q.shape[1]) if format == "bshd" else (1, q.shape[0])
     if cp_size == 1 and len(lengths) == 1:
         table = freqs_cis[:, :tokens]  # positions are the token indices: a view
@@ -417,16 +326,14 @@ def apply_rotary_emb_qk(
     """
     check_format("format", format)
     check_bool("rope_fusion", rope_fusion)
-    _check_qk(q, k, format)
-    check_int("cp_size", cp_size, 1)
-    check_int("cp_rank", cp_rank, 0)
-    if cp_rank >= cp_size:
-        raise ValueError(f"cp_rank: expected an int < cp_size ({cp_size}), got {cp_rank}")
-    lengths = _sequence_lengths(cu_seqlens, q, format, cp_size)
+    check_qk(q, k, format)
+    check_cp(cp_size, cp_rank)
+    lengths = check_sequence_lengths(cu_seqlens, q, format, cp_size)
     if not rope_fusion:
         return apply_rotary_emb(q, freqs_cis, format), apply_rotary_emb(k, freqs_cis, format)
 
     check_device("q", q)
+    check_fused_table(freqs_cis, q, max(lengths))
     cos, sin = _fused_tables(freqs_cis, q, format, lengths, cp_size, cp_rank)
     q4, k4 = _to_bshd(q, format), _to_bshd(k, format)
     return _kernel(q4, cos, sin).reshape(q.shape), _kernel(k4, cos, sin).reshape(k.shape)

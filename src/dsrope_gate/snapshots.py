@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
+from dsrope.interpreter import interpreting
 from dsrope_gate import golden
 from dsrope_gate.cases import Case, Inputs
 from dsrope_gate.differential import forward_backward
 from dsrope_gate.ops import OPS
-from dsrope_gate.startup import interpreting
 from dsrope_gate.targets import load_target
 
 

@@ -104,7 +104,7 @@ def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_
     if device == "cpu":
         # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
         # does; Triton's interpreter alone truncates
-        from dsrope._common import install_interpreter_rounding
+        from dsrope.interpreter import install_interpreter_rounding
 
         install_interpreter_rounding()
     cases, note = collect_cases(op, device, examples, seed, golden_root, progress)

@@ -8,6 +8,9 @@ import json
 
 from dsrope_gate.conformance.judging import semantics_text
 
+# the verdicts a reader must not miss
+EMPHASIZED = {"does not conform": "**does not conform**", "not run": "**not run**"}
+
 
 def _fmt_share(v: float) -> str:
     return "100%" if v == 1 else f"{100 * v:.3f}%"
@@ -30,9 +33,7 @@ def render(results: list[dict], meta: dict) -> str:
                 row = f"| `{r['impl']}` | {r['op']} | backward | no backward (no grad_fn): forward only | | | | |"
                 lines.append(row)
                 continue
-            verdict = {"does not conform": "**does not conform**", "not run": "**not run**"}.get(
-                d["verdict"], d["verdict"]
-            )
+            verdict = EMPHASIZED.get(d["verdict"], d["verdict"])
             sem = semantics_text(d)
             lines.append(
                 f"| `{r['impl']}` | {r['op']} | {direction} | {verdict} | {sem} | {d['elements']} | "

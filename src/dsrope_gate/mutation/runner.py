@@ -1,7 +1,8 @@
 """The mutation gate's runner (the catalog: dsrope_gate.mutation.catalog_*).
 
-For each mutant the runner copies the tree (git's tracked and untracked-not-ignored files) into a
-scratch directory, applies the edit there and runs the suite on that copy, with the copy's src/
+For each mutant the runner copies the tree (git's tracked and untracked-not-ignored files; in a tree
+that is no git checkout, every file but what .gitignore and DEFAULT_IGNORED list) into a scratch
+directory, applies the edit there and runs the suite on that copy, with the copy's src/
 and root first on the path and every path into the real checkout (an editable install's .pth, for
 one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
 mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
@@ -30,6 +31,8 @@ out/mutants/.
 from __future__ import annotations
 
 import argparse
+import ast
+import fnmatch
 import importlib
 import json
 import multiprocessing
@@ -47,35 +50,70 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsrope_gate.mutation import (
-    COMMON,
+    CALLING,
+    CHECKS,
+    JUDGING,
+    PAIR_ROTATION,
     QNORM,
+    REF_FLOATS,
+    REF_QNORM,
+    REF_ROPE,
+    REF_UTILS,
+    RENDER,
     ROPE,
+    SEMANTICS,
+    TILES,
     UTILS,
     Mutant,
-    catalog_common,
+    catalog_checks,
+    catalog_conformance,
+    catalog_pair_rotation,
     catalog_qnorm_rope,
+    catalog_reference,
     catalog_rope,
     catalog_rope_utils,
+    catalog_semantics,
+    catalog_tiles,
 )
 
 ROOT = Path.cwd()  # the checkout to mutate: the runner runs from its root (nox, tools/mutants.py)
-CATALOG = catalog_rope.MUTANTS + catalog_qnorm_rope.MUTANTS + catalog_common.MUTANTS + catalog_rope_utils.MUTANTS
+CATALOG = (
+    catalog_rope.MUTANTS
+    + catalog_qnorm_rope.MUTANTS
+    + catalog_pair_rotation.MUTANTS
+    + catalog_tiles.MUTANTS
+    + catalog_checks.MUTANTS
+    + catalog_rope_utils.MUTANTS
+)
+JUDGE_CATALOG = catalog_reference.MUTANTS + catalog_semantics.MUTANTS + catalog_conformance.MUTANTS
 
 # Test files that exercise each source file: run first, so a mutant dies early.
 HOME = {
     ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
     QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
     UTILS: ("test_rope_utils.py", "test_yarn_edge_cases.py", "test_vs_transformers_tables.py"),
-    COMMON: ("test_qnorm_rope.py",),  # swap_pairs, pair_table: QNorm backward only; token_major_empty: all
+    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py"),  # swap_pairs, pair_table: their callers
+    TILES: ("test_rope.py", "test_qnorm_rope.py"),
+    CHECKS: ("test_custom_ops.py",),  # wants_autograd: forward-mode AD
+    REF_FLOATS: ("test_judge.py", "test_golden.py"),
+    REF_ROPE: ("test_judge.py", "test_golden.py"),
+    REF_QNORM: ("test_judge.py", "test_golden.py", "test_qnorm_rope.py"),
+    REF_UTILS: ("test_yarn_edge_cases.py", "test_golden.py", "test_rope_utils.py"),
+    SEMANTICS: ("test_semantics.py", "test_conformance.py"),
+    JUDGING: ("test_conformance.py",),
+    CALLING: ("test_conformance.py",),
+    RENDER: ("test_conformance.py",),
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
 
 
 def catalog() -> list[Mutant]:
-    names = [m.name for m in CATALOG]
+    """Both catalogs: the kernels' and the judge's."""
+    everything = CATALOG + JUDGE_CATALOG
+    names = [m.name for m in everything]
     assert len(set(names)) == len(names), "duplicate mutant names"
-    return CATALOG
+    return everything
 
 
 # ---- applying ---------------------------------------------------------------------------------
@@ -85,24 +123,112 @@ class Stale(Exception):
     pass
 
 
+def function_spans(text: str) -> dict[str, tuple[int, int] | None]:
+    """Qualified name ("_PartialRoPE.backward") -> (first, last) line, 1-based, of every function and
+    class in `text`, from its `def` or `class` line (decorators excluded) to its end; None for a name
+    defined twice."""
+    spans: dict[str, tuple[int, int] | None] = {}
+
+    def walk(node, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                spans[name] = None if name in spans else (child.lineno, child.end_lineno)
+                walk(child, name + ".")
+            else:
+                walk(child, prefix)
+
+    walk(ast.parse(text), "")
+    return spans
+
+
 def mutated_text(m: Mutant, text: str) -> str:
-    for old, new in m.edits:
-        n = text.count(old)
+    """`text` with each of m's edits applied inside its function; Stale unless the function exists once
+    and its `old` text occurs exactly once inside it."""
+    for function, old, new in m.edits:
+        try:
+            spans = function_spans(text)
+        except SyntaxError as e:
+            raise Stale(f"{m.name}: {m.file} does not parse after the edits before {old!r}: {e}") from e
+        if spans.get(function) is None:
+            found = "is defined twice" if function in spans else "does not exist"
+            raise Stale(f"{m.name}: {function} {found} in {m.file}")
+        first, last = spans[function]
+        lines = text.splitlines(keepends=True)
+        body = "".join(lines[first - 1 : last])
+        n = body.count(old)
         if n != 1:
-            raise Stale(f"{m.name}: {old!r} occurs {n} times in {m.file} (expected exactly once)")
-        text = text.replace(old, new)
+            raise Stale(f"{m.name}: {old!r} occurs {n} times in {function} ({m.file}; expected exactly once)")
+        text = "".join(lines[: first - 1]) + body.replace(old, new) + "".join(lines[last:])
     return text
 
 
-def tree_files() -> list[str]:
+# What a copy leaves out where git cannot say (beside the tree's own .gitignore): git's directory, build
+# outputs and caches. Patterns as .gitignore writes them.
+DEFAULT_IGNORED = (
+    ".git",
+    ".nox/",
+    "/out/",
+    "/.whl/",
+    "/build/",
+    "/dist/",
+    "__pycache__/",
+    "*.egg-info/",
+    "*.pyc",
+    ".pytest_cache/",
+    ".hypothesis/",
+    ".ruff_cache/",
+    ".import_linter_cache/",
+)
+
+
+def tree_files(root: Path = ROOT) -> list[str]:
+    """The files a copy of the tree at `root` needs, relative to it: in a git checkout (root its top
+    level), git's tracked and untracked-not-ignored files; in any other tree (an exported release, a
+    copied checkout, no git installed), every file but what DEFAULT_IGNORED and root/.gitignore list."""
+    git = ["git", "-C", str(root)]
+    try:
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], check=True, capture_output=True, text=True)
+        checkout = Path(top.stdout.strip()).resolve() == Path(root).resolve()
+    except (OSError, subprocess.CalledProcessError):
+        checkout = False
+    if not checkout:
+        return walked_files(Path(root))
     out = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
+        [*git, "ls-files", "-z", "--cached", "--others", "--exclude-standard"], check=True, capture_output=True
     ).stdout.decode()
     files = [f for f in out.split("\0") if f and not f.startswith(".nox/")]
-    return sorted({f for f in files if (ROOT / f).is_file()})
+    return sorted({f for f in files if (Path(root) / f).is_file()})
+
+
+def walked_files(root: Path) -> list[str]:
+    """Every file under root but what DEFAULT_IGNORED and root/.gitignore list (its patterns as git reads
+    them, without negations)."""
+    gitignore = root / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
+    patterns = [*DEFAULT_IGNORED, *(p.strip() for p in lines if p.strip() and not p.startswith(("#", "!")))]
+    files = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder).relative_to(root)
+        dirs[:] = [d for d in dirs if not ignored((here / d).as_posix(), True, patterns)]
+        files += [(here / n).as_posix() for n in names if not ignored((here / n).as_posix(), False, patterns)]
+    return sorted(f for f in files if (root / f).is_file())
+
+
+def ignored(path: str, is_dir: bool, patterns) -> bool:
+    """Whether a .gitignore pattern matches `path` (relative, '/'-separated): one with a '/' before its
+    end matches the path from the root, one without matches the last name; a trailing '/' only a folder."""
+    name = path.rsplit("/", 1)[-1]
+    for pattern in patterns:
+        if pattern.endswith("/") and not is_dir:
+            continue
+        pattern = pattern.rstrip("/")
+        if "/" in pattern:
+            if fnmatch.fnmatchcase(path, pattern.lstrip("/")):
+                return True
+        elif fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
 
 
 def copy_tree(dest: Path, files: list[str]) -> None:
@@ -439,11 +565,13 @@ def main(argv=None) -> int:
     if args.list or args.check:
         for m in catalog():
             kind = "equivalent" if m.equivalent else "gpu-only" if m.gpu_only else "cpu"
-            print(f"{m.name:45s} {kind:10s} {m.file}: {m.what}")
-        print("\n".join(stale) or f"all {len(catalog())} mutants apply: every edit matches exactly once")
+            print(f"{m.name:45s} {kind:10s} {m.file}::{m.function}: {m.what}")
+        applies = f"all {len(catalog())} mutants apply: every edit matches exactly once in its function"
+        print("\n".join(stale) or applies)
         return 1 if stale else 0
     if stale:
-        print("STALE mutants (an edit no longer matches exactly once; update the catalog):\n  " + "\n  ".join(stale))
+        print("STALE mutants (an edit no longer matches exactly once in its function; update the catalog):")
+        print("  " + "\n  ".join(stale))
         return 1
     if args.gpu:
         import torch

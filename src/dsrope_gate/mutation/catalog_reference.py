@@ -1,0 +1,314 @@
+"""Mutants of the reference (reference/dsrope_reference): the rounding helpers, the interval check, the
+NaN/inf/signed-zero rules, the ulp distance, each error bound and slack, the exact-operand exemption, the
+two rounding boundaries in the models and the table transcriptions. A lenient judge is the worst fault the
+project can ship: each of these is a realistic slip the suite must catch."""
+
+from __future__ import annotations
+
+from dsrope_gate.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_UTILS, mutant
+
+FLOATS = [
+    mutant(
+        "floats.nan_output_accepted_anywhere",
+        REF_FLOATS,
+        "inside",
+        "a NaN output is accepted wherever it appears, not only where the reference is NaN",
+        ("        torch.isnan(ref),\n", "        torch.isnan(ref) | torch.isnan(out64),\n"),
+    ),
+    mutant(
+        "floats.anything_accepted_where_nan",
+        REF_FLOATS,
+        "inside",
+        "where the reference is NaN any output is accepted",
+        ("        torch.isnan(out64),\n", "        torch.ones_like(out64, dtype=torch.bool),\n"),
+    ),
+    mutant(
+        "floats.infinity_of_either_sign",
+        REF_FLOATS,
+        "inside",
+        "an infinite reference accepts the infinity of either sign",
+        ("out64 == ref)", "out64.abs() == ref.abs())"),
+    ),
+    mutant(
+        "floats.lower_bound_ignored",
+        REF_FLOATS,
+        "inside",
+        "the interval check ignores the lower bound",
+        ("(out64 >= lo) & (out64 <= hi)", "(out64 <= hi)"),
+    ),
+    mutant(
+        "floats.upper_bound_ignored",
+        REF_FLOATS,
+        "inside",
+        "the interval check ignores the upper bound",
+        ("(out64 >= lo) & (out64 <= hi)", "(out64 >= lo)"),
+    ),
+    mutant(
+        "floats.ties_away_from_zero",
+        REF_FLOATS,
+        "round_nearest",
+        "round to nearest with ties away from zero instead of to even",
+        ("return _round(v, dtype, torch.round)", "return _round(v, dtype, lambda t: torch.trunc(t + 0.5 * t.sign()))"),
+    ),
+    mutant(
+        "floats.one_bit_too_many",
+        REF_FLOATS,
+        "_spacing",
+        "the spacing of the format off by one bit (a significand one bit too long)",
+        ("e - (f.precision - 1)", "e - f.precision"),
+    ),
+    mutant(
+        "floats.no_subnormal_range",
+        REF_FLOATS,
+        "_spacing",
+        "no subnormal range: values below the smallest normal keep the full precision",
+        ("min=f.emin)", "min=f.emin - 40)"),
+    ),
+    mutant(
+        "floats.no_overflow_to_inf",
+        REF_FLOATS,
+        "_round",
+        "rounding past the largest finite value stays finite instead of giving inf",
+        ("over = finite & (r.abs() > f.max)", "over = finite & (r.abs() > 2 * f.max)"),
+    ),
+    mutant(
+        "floats.round_down_overflows",
+        REF_FLOATS,
+        "round_down",
+        "round_down of a value past the largest finite gives inf",
+        ('return torch.where(r == float("inf"), torch.full_like(r, f.max), r)', "return r"),
+    ),
+    mutant(
+        "floats.signed_zeros_apart",
+        REF_FLOATS,
+        "ulp_distance",
+        "the ulp distance counts -0 and +0 as two values",
+        ("oa, ob = torch.where(oa < 0, oa + 1, oa), torch.where(ob < 0, ob + 1, ob)", "oa, ob = oa, ob"),
+    ),
+    mutant(
+        "floats.nan_as_near_as_a_number",
+        REF_FLOATS,
+        "ulp_distance",
+        "a NaN against a number is as far as their bit patterns (no NaN rule)",
+        ("return torch.where(one_nan, torch.full_like(d, NAN_VS_NUMBER), d)", "return d"),
+    ),
+    mutant(
+        "floats.same_values_ignores_sign",
+        REF_FLOATS,
+        "same_values",
+        "same_values lets -0 equal +0",
+        ("(a == b) & (a.signbit() == b.signbit())", "(a == b)"),
+    ),
+    mutant(
+        "floats.budget_on_the_wrong_side",
+        REF_FLOATS,
+        "budget_used",
+        "the budget divides an error by the room on the other side of the reference",
+        ("room = torch.where(err > 0, hi - ref, ref - lo)", "room = torch.where(err > 0, ref - lo, hi - ref)"),
+    ),
+    mutant(
+        "floats.plain_sum",
+        REF_FLOATS,
+        "exact_sum.one",
+        "the reference's row sums are plain FP64 sums, not correctly rounded (order-dependent bits)",
+        ("return math.fsum(row)", "return sum(row)"),
+    ),
+]
+
+ROPE = [
+    mutant(
+        "reference.rope.one_rounding_in_the_bound",
+        REF_ROPE,
+        "rotation_interval.interval",
+        "the rotation's FP32 error bound allows one rounding (u), not two (gamma_2): an FMA kernel falls out",
+        ("err = GAMMA_2 * magnitude", "err = U32 * magnitude"),
+    ),
+    mutant(
+        "reference.rope.four_roundings_in_the_bound",
+        REF_ROPE,
+        "rotation_interval.interval",
+        "the rotation's FP32 error bound doubled (lenient)",
+        ("err = GAMMA_2 * magnitude", "err = 2 * GAMMA_2 * magnitude"),
+    ),
+    mutant(
+        "reference.rope.no_flush_slack",
+        REF_ROPE,
+        "rotation_interval.interval",
+        "no slack for FP32 subnormals flushed to zero",
+        ("+ flush_slack(*terms, lo, hi)", ""),
+    ),
+    mutant(
+        "reference.rope.no_exact_exemption",
+        REF_ROPE,
+        "rotation_interval.interval",
+        "exact FP32 operands get the error bound too: ties are no longer pinned to the even value",
+        ("err = torch.where(exact, torch.zeros_like(err), err)", "err = err"),
+    ),
+    mutant(
+        "reference.rope.exemption_without_result_check",
+        REF_ROPE,
+        "rotation_interval.interval",
+        "operands exact in FP32 exempt the rotation even when its result is not an FP32 number",
+        ("& fp32_exact(q_lo) & fp32_exact(lo)", "& fp32_exact(q_lo)"),
+    ),
+    mutant(
+        "reference.rope.midpoint_nudged_the_wrong_way",
+        REF_ROPE,
+        "round_nearest_exact",
+        "a value on a rounding midpoint is nudged against the sign of its error term",
+        ("nudged = torch.where(lo > 0, up, down)", "nudged = torch.where(lo > 0, down, up)"),
+    ),
+    mutant(
+        "reference.rope.inverse_not_conjugate",
+        REF_ROPE,
+        "partial_rope",
+        "the inverse rotation (the backward's model) keeps the sine's sign",
+        ("    if inverse:\n        s = -s\n", ""),
+    ),
+    mutant(
+        "reference.rope.non_finite_rounded",
+        REF_ROPE,
+        "exact_or_ieee",
+        "inf and NaN inputs give the rounded TwoSum value instead of their IEEE result",
+        ("return torch.where(torch.isfinite(value), rounded, value)", "return rounded"),
+    ),
+    mutant(
+        "reference.rope.second_output_sign",
+        REF_ROPE,
+        "rotation_interval",
+        "the interval of a pair's second output is that of a*s - b*c",
+        (
+            "second = interval(a_lo * s, a_hi * s, b_lo * c, b_hi * c, +1)",
+            "second = interval(a_lo * s, a_hi * s, b_lo * c, b_hi * c, -1)",
+        ),
+    ),
+]
+
+QNORM = [
+    mutant(
+        "reference.qnorm.no_boundary_1",
+        REF_QNORM,
+        "forward",
+        "the model rotates the unrounded normalized row (boundary 1 dropped from the contract)",
+        ("    y_ref = round_nearest(xr, dtype)\n", "    y_ref = xr\n"),
+    ),
+    mutant(
+        "reference.qnorm.no_boundary_2",
+        REF_QNORM,
+        "backward",
+        "the backward model takes the de-rotated gradient unrounded (boundary 2 dropped)",
+        ("    g = derotated.ref\n", "    g = derotated.ref + (derotated.hi - derotated.lo) / 4\n"),
+    ),
+    mutant(
+        "reference.qnorm.exact_rsqrt",
+        REF_QNORM,
+        "exact_rstd",
+        "no allowance for an approximate rsqrt (a GPU's rsqrt.approx falls outside)",
+        ("delta = (1 - theta) ** -0.5 * (1 + RSQRT_REL) - 1", "delta = (1 - theta) ** -0.5 - 1"),
+    ),
+    mutant(
+        "reference.qnorm.loose_rsqrt",
+        REF_QNORM,
+        "exact_rstd",
+        "an rsqrt error allowance a thousand times too wide (lenient)",
+        (
+            "delta = (1 - theta) ** -0.5 * (1 + RSQRT_REL) - 1",
+            "delta = (1 - theta) ** -0.5 * (1 + 1024 * RSQRT_REL) - 1",
+        ),
+    ),
+    mutant(
+        "reference.qnorm.sum_bound_without_division",
+        REF_QNORM,
+        "exact_rstd",
+        "the sum-of-squares bound forgets the division and the +eps roundings (gamma(D) for gamma(D + 4))",
+        ("theta = gamma(d + 4) + 2.0**-125 / z", "theta = gamma(d) + 2.0**-125 / z"),
+    ),
+    mutant(
+        "reference.qnorm.eps_inside_the_mean",
+        REF_QNORM,
+        "exact_rstd",
+        "eps added before the division by D",
+        ("[s / d + eps for s in", "[(s + eps) / d for s in"),
+    ),
+    mutant(
+        "reference.qnorm.never_overflows",
+        REF_QNORM,
+        "exact_rstd",
+        "the FP32 sum of squares is never taken to overflow (r = 0 rows get a finite r)",
+        ("overflow = squares * (1 - gamma(d)) > FLT_MAX", "overflow = squares < 0"),
+    ),
+    mutant(
+        "reference.qnorm.no_overflow_band",
+        REF_QNORM,
+        "forward",
+        "in the band where the FP32 sum may or may not overflow, y = 0 is not allowed",
+        ("    y_lo = torch.where(maybe_overflow[..., None], torch.minimum(y_lo, zero), y_lo)\n", ""),
+    ),
+    mutant(
+        "reference.qnorm.no_subnormal_slack",
+        REF_QNORM,
+        "forward",
+        "no slack where x * r falls in FP32's subnormal range",
+        ("    rad = rad + torch.where((xr != 0) & (xr.abs() < TINY), TINY, 0.0)\n", ""),
+    ),
+    mutant(
+        "reference.qnorm.backward_bound_halved",
+        REF_QNORM,
+        "backward",
+        "the backward's error bound B halved",
+        ("bound = r * (delta * big_d + dd * (1 + delta))", "bound = 0.5 * r * (delta * big_d + dd * (1 + delta))"),
+    ),
+    mutant(
+        "reference.qnorm.backward_mean_over_rotary",
+        REF_QNORM,
+        "backward",
+        "the RMSNorm backward's mean divides by the rotary channels, not D",
+        ("m = exact_sum(g * xhat, keepdim=True) / d", "m = exact_sum(g * xhat, keepdim=True) / rotary"),
+    ),
+    mutant(
+        "reference.qnorm.rstd_interval_not_fp32",
+        REF_QNORM,
+        "forward",
+        "the saved rstd's interval is not rounded out to FP32 values",
+        ("round_nearest(r_rows - rad_r, torch.float32)", "r_rows - rad_r"),
+    ),
+]
+
+UTILS = [
+    mutant(
+        "reference.utils.ramp_not_clamped",
+        REF_UTILS,
+        "upstream_frequencies",
+        "the transcription of upstream's YaRN ramp is not clamped to [0, 1]",
+        (
+            "ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)",
+            "ramp = (torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)",
+        ),
+    ),
+    mutant(
+        "reference.utils.mscale_natural_log_base_10",
+        REF_UTILS,
+        "upstream_mscale",
+        "the transcription of yarn_get_mscale takes log10 instead of ln",
+        ("return 0.1 * mscale * math.log(scale) + 1.0", "return 0.1 * mscale * math.log10(scale) + 1.0"),
+    ),
+    mutant(
+        "reference.utils.mpmath_ramp_reversed",
+        REF_UTILS,
+        "inverse_frequencies",
+        "the exact YaRN frequencies interpolate the wrong way (ramp 0 scaled, ramp 1 kept)",
+        ("out.append(f / factor * ramp + f * (1 - ramp))", "out.append(f * ramp + f / factor * (1 - ramp))"),
+    ),
+    mutant(
+        "reference.utils.half_split_pairs_interleaved",
+        REF_UTILS,
+        "split_pairs",
+        "the reference's half-split pairing takes interleaved pairs",
+        (
+            "    half = v.shape[-1] // 2\n    return v[..., :half], v[..., half:]",
+            "    return v[..., 0::2], v[..., 1::2]",
+        ),
+    ),
+]
+
+MUTANTS = FLOATS + ROPE + QNORM + UTILS
