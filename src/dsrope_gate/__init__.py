@@ -5,15 +5,22 @@ It judges an implementation of the contract (docs/contract.md) against the FP64/
 and hypothesis-drawn ones. Modules (each imported on its own; this file imports nothing, so that an
 entry point can choose compiled or interpreted Triton first: dsrope_gate.startup):
 
+    ops           one record per op: call convention, reference stages, emulations, contract labels
+    cases         the one Case type (values Drawn or Seeded, a Layout per tensor)
+    case_sets     the golden cases, the canonical heads, one probe per layout class, the seeded sweep
     layouts       Layout: any storage order, padding, steps, offset, stride 0; gaps hold NaN
-    inputs        the device, the one cos/sin table maker, values, raw bits
+    inputs        the device, the one cos/sin table maker, values
     strategies    hypothesis strategies over shapes, layouts, values and tables
     differential  the eager chains of stock torch ops, transformers' DeepSeek-V3 functions
-    cases         the golden cases: inputs from a seed, the reference's stages
-    golden        the golden store: encoding, manifest and hashes, per-platform kernel snapshots, diffs
+    semantics     the one FP32 eager rotation, the known semantics' emulations, the classifier
+    targets       loading an implementation (module:callable, file.py:callable); the module loader
+    golden        the golden store: records, encoding, manifest and hashes, snapshot files, diffs
+    snapshots     dsrope's kernels on the golden inputs; per-platform kernel bit snapshots
     report        the accuracy table and its chart;  verify: the accuracy report (tools/verify.py)
+    conformance   the conformance command: calling, judging, render, cli
+    presets       adapters over the peers' pinned releases
     profile       a pytest plugin: where a gate's time goes
     gpu_pinning   one GPU per pytest-xdist worker
     startup       compiled on a GPU, Triton's interpreter on CPU
-    mutation      the mutation gate's runner; its catalog is data in mutation/catalog_*.py
+    mutation      the mutation gate's runner; its two catalogs (kernels, judge) are data in mutation/catalog_*.py
 """
