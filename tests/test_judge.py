@@ -28,10 +28,13 @@ from dsrope_reference.floats import (
     same_values,
     ulp_distance,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsrope_gate.cases import Case, Drawn, Seeded, Tables, Values
 from dsrope_gate.layouts import CONTIGUOUS
 from dsrope_gate.ops import DIRECTIONS, JUDGED, PARTIAL_ROPE
+from dsrope_gate.strategies import cases
 
 DTYPES = ("bfloat16", "float16", "float32")
 OPS = list(JUDGED.values())
@@ -211,3 +214,61 @@ def test_budget_used_is_zero_at_the_reference_one_at_a_bound_and_beyond_one_past
     used = budget_used(out, ref, lo, hi)
     assert used[:3].tolist() == [0.0, 1.0, 1.0] and used[3] == 2.0 and used[4] == math.inf
     assert used[5] == math.inf  # a number where the reference is NaN
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_accepts_an_infinity_only_of_its_sign(dtype):
+    """Infinite inputs rotated give infinite references (partial RoPE: -inf rows, an inf channel): the
+    model accepts that infinity and rejects the other one, NaN and the largest finite value."""
+    case = Case(
+        name="infinities",
+        shape=(2, 3, 5, 96),
+        rotary=32,
+        dtype=dtype,
+        values=Seeded(7, "nonfinite"),
+        grad_layout=CONTIGUOUS,
+    )
+    model = PARTIAL_ROPE.reference(case, case.build("cpu"))["out"]
+    infinite = model.ref.isinf()
+    assert infinite.sum() >= 32, "the case must hold infinite references"
+    ref = model.ref.to(torch.float32).to(case.torch_dtype)
+    assert bool(accepted(ref, model)[infinite].all())
+    largest = torch.finfo(case.torch_dtype).max
+    for wrong in (-ref, torch.full_like(ref, float("nan")), torch.sign(ref) * largest):
+        assert not bool(accepted(wrong, model)[infinite].any())
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+def test_a_value_just_off_a_midpoint_rounds_to_its_side(inverse):
+    """a*c on a bf16 midpoint (1 + 2**-8) and b*s = 2**-60 below FP64's resolution there: TwoSum keeps the
+    midpoint in its high part and the sign of the rest decides. Forward: a*c - b*s lies just below the
+    midpoint (1.0), a*s + b*c just above it (1 + 2**-7); the inverse flips the sine and both sides. An FP32
+    kernel's sum rounds the 2**-60 away and stores the even neighbour, 1.0: the model allows both there,
+    the correctly rounded value and the FP32 kernel's (found by this test: the model allowed 1.0 alone,
+    taking the FP64-rounded sum for an exact one)."""
+    from dsrope_reference.rope import partial_rope
+
+    x = torch.ones(1, 1, 1, 2, dtype=torch.bfloat16)
+    cos = torch.full((1, 1, 2), 1 + 2.0**-8)
+    sin = torch.full((1, 1, 2), 2.0**-60)
+    model = partial_rope(x, cos, sin, 2, inverse=inverse)
+    below, above = 1.0, 1 + 2.0**-7
+    want = [above, below] if inverse else [below, above]
+    assert model.ref.flatten().tolist() == want
+    fp32_kernel = torch.tensor([[[[below, below]]]], dtype=torch.bfloat16)
+    assert bool(accepted(model.ref.to(torch.bfloat16), model).all()) and bool(accepted(fp32_kernel, model).all())
+
+
+@settings(deadline=None)
+@given(case=st.sampled_from(OPS).flatmap(cases))
+def test_the_reference_lies_inside_its_own_model(case):
+    """For any drawn case, op and direction the correctly rounded reference is inside the interval the
+    model allows: a judge that rejects the contract's own value would fail a correct kernel."""
+    inputs = case.build("cpu")
+    for op in OPS:
+        if case.shape[-1] % 2 and op.even_channels:
+            continue
+        for stage, model in op.reference(case, inputs).items():
+            if stage in op.stages and stage != "rstd":
+                ref = model.ref.to(torch.float32).to(case.torch_dtype)
+                assert bool(accepted(ref, model).all()), f"{op} {stage}: {case!r}"

@@ -110,8 +110,12 @@ def rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype):
         lo, hi, magnitude, terms = span(p_lo, p_hi, q_lo, q_hi, sign)
         err = GAMMA_2 * magnitude + flush_slack(*terms, lo, hi)
         # When both products and the result are FP32 numbers, every evaluation order, with or
-        # without FMA, is exact: no FP32 error to allow (this is what makes ties testable).
+        # without FMA, is exact: no FP32 error to allow (this is what makes ties testable). The result
+        # is judged exactly: lo is the FP64 sum, which rounds a sum of terms 2**53 apart (TwoSum's
+        # error term is then not 0, and the FP32 kernel's sum rounds too).
+        _, sum_error = two_sum(p_lo, q_lo if sign > 0 else -q_lo)
         exact = (p_lo == p_hi) & (q_lo == q_hi) & fp32_exact(p_lo) & fp32_exact(q_lo) & fp32_exact(lo)
+        exact = exact & (sum_error == 0)
         err = torch.where(exact, torch.zeros_like(err), err)
         return round_nearest(lo - err, dtype), round_nearest(hi + err, dtype)
 
