@@ -31,7 +31,7 @@ from dsrope_reference.floats import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsrope_gate.cases import Case, Drawn, Seeded, Tables, Values
+from dsrope_gate.cases import Case, Drawn, Inputs, Seeded, Tables, Values
 from dsrope_gate.layouts import CONTIGUOUS
 from dsrope_gate.ops import DIRECTIONS, JUDGED, PARTIAL_ROPE
 from dsrope_gate.strategies import cases
@@ -272,3 +272,24 @@ def test_the_reference_lies_inside_its_own_model(case):
             if stage in op.stages and stage != "rstd":
                 ref = model.ref.to(torch.float32).to(case.torch_dtype)
                 assert bool(accepted(ref, model).all()), f"{op} {stage}: {case!r}"
+
+
+def test_qnorm_model_allows_both_results_where_the_fp32_sum_may_overflow():
+    """A float32 row whose sum of squares lies within the FP32 reduction's error of FLT_MAX: a correct
+    kernel's sum may overflow (r = 0, the output 0) or not (the normalized row): the model allows both,
+    for the output and the saved rstd, and nothing else there (a row of ones is rejected)."""
+    from dsrope_reference.qnorm_rope import FLT_MAX, gamma
+
+    d = 64
+    v = torch.tensor(math.sqrt(FLT_MAX / d), dtype=torch.float32)
+    squares = d * v.double() ** 2
+    assert abs(squares / FLT_MAX - 1) < gamma(d), "the row must sit in the band where the FP32 sum may overflow"
+    x = v.expand(1, 1, 1, d).clone()
+    cos, sin = torch.ones(1, 1, 32), torch.zeros(1, 1, 32)
+    case = Case(name="band", shape=(1, 1, 1, d), rotary=32, dtype="float32", values=Seeded(0), eps=1e-6)
+    stages = JUDGED["qnorm_rope"].reference(case, Inputs(x, cos, sin, torch.ones_like(x)))
+    out, rstd = stages["out"], stages["rstd"]
+    assert bool(accepted(torch.zeros(1, 1, 1, d), out).all()), "the overflowed kernel's zeros rejected"
+    assert bool(accepted(out.ref.float(), out).all())
+    assert bool(accepted(torch.zeros(1), rstd).all()) and bool(accepted(rstd.ref.float(), rstd).all())
+    assert not bool(accepted(torch.full((1, 1, 1, d), 2.0), out).any())
