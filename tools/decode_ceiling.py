@@ -4,8 +4,8 @@ that do only part of their work, all timed as the bench times decode (CUDA graph
 Decode: S = 1, x [B, H, 1, D] bf16 (a view of token-major storage), D = 512, R = 64, cos/sin [B, 1, R] with
 each sequence at its own position (bench.bench.decode_inputs, rebuilt here), B in {1, 8, 64, 256},
 H in {64, 128}. Every call is timed under CUDA graph replay as bench.bench.per_replayed_call_us does it:
-CALLS calls captured in one graph, REPLAYS replays between two synchronizes (host clock), the median of
-SAMPLES such measurements, us per call. Per shape, in one run:
+DECODE_CALLS calls captured in one graph, DECODE_REPLAYS replays between two synchronizes (host clock), the
+median of DECODE_SAMPLES such measurements, us per call. Per shape, in one run:
 
 - `copy_` of x's bytes (the bench's yardstick) and of the in-place kernel's bytes (B*H*R, contiguous);
   a Triton flat copy of x's bytes (one kernel node, large tiles);
@@ -62,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
+from bench.bench import DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES, replayed_call_samples
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton
 from dsrope import qnorm_rope as qnorm_module
 from dsrope import rope as rope_module
@@ -71,7 +72,6 @@ from dsrope.tiles import next_pow2, spread_rows, tile_config
 
 D, R, EPS = 512, 64, 1e-6  # bench.bench's
 SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench.DECODE_SHAPES
-CALLS, REPLAYS, SAMPLES = 200, 20, 5  # bench.bench's DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES
 GRID_M, GRID_WARPS = (1, 2, 4, 8, 16), (1, 2, 4)
 DSROPE_M, FULL_M = (1, 2, 4, 8), (1, 2, 4)
 
@@ -409,32 +409,12 @@ def bits_equal(v: Variant, t: Inputs, ref_out: torch.Tensor, ref_rstd: torch.Ten
     return f"out {'=' if same_out else '!='}, rstd {'=' if same_rstd else '!='}"
 
 
-# --- timing: bench.bench.per_replayed_call_us, repeated ----------------------------------------------------
+# --- timing: the bench's graph replay ------------------------------------------------------------------------
 
 
 def per_replayed_call_us(fn):
-    """Wall time of one call under CUDA graph replay: CALLS calls captured in one graph, REPLAYS replays
-    between two synchronizes (host clock); the median of SAMPLES."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture (compiles, fills the caching allocator)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn()
-    graph.replay()
-    samples = []
-    for _ in range(SAMPLES):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(REPLAYS):
-            graph.replay()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / (REPLAYS * CALLS) * 1e6)
-    del graph
+    """(median, min, max) of the bench's graph-replay samples of one call, us."""
+    samples = replayed_call_samples(fn)
     return statistics.median(samples), min(samples), max(samples)
 
 
@@ -483,7 +463,7 @@ def environment():
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {torch.cuda.get_device_name()} "
         f"({props.multi_processor_count} SMs, {props.L2_cache_size // 2**20} MiB L2), torch {torch.__version__} "
         f"(CUDA {torch.version.cuda}), triton {triton.__version__}, python {platform.python_version()}; graph replay: "
-        f"{CALLS} calls x {REPLAYS} replays, median of {SAMPLES}"
+        f"{DECODE_CALLS} calls x {DECODE_REPLAYS} replays, median of {DECODE_SAMPLES}"
     )
 
 
