@@ -118,12 +118,29 @@ def per_dtype_impl(op, labels: dict):
     return lambda x, *args: by_dtype[str(x.dtype).removeprefix("torch.")](x, *args)
 
 
+def judge(op, impls):
+    results, meta = conformance.run(
+        op, impls, "cuda" if ON_GPU else "cpu", examples=SWEEP, seed=0, progress=lambda m: None
+    )
+    json.dumps(results, default=str)  # the JSON the command writes holds these
+    return op, {r["impl"]: r for r in results}, meta
+
+
 @pytest.fixture(scope="module", params=["qnorm_rope", "partial_rope"])
-def judged(request):
+def dsrope_judged(request):
+    """dsrope's kernel and the eager chain, judged apart from the other implementations: only these
+    compile Triton kernels, and pytest-xdist builds a module fixture once per worker that needs it."""
     op = request.param
     kernel = dsrope.qnorm_rope_triton if op == "qnorm_rope" else dsrope.apply_partial_rope_triton
-    eager = eager_qnorm_rope if op == "qnorm_rope" else eager_partial_rope
-    impls = [("dsrope", kernel), ("eager-chain", eager), ("off-by-one-ulp", off_by_one_ulp(eager))]
+    return judge(op, [("dsrope", kernel), ("eager-chain", JUDGED[op].eager)])
+
+
+@pytest.fixture(scope="module", params=["qnorm_rope", "partial_rope"])
+def judged(request):
+    """Implementations in eager torch (no Triton): the emulations, the eager chain and wrong ones."""
+    op = request.param
+    eager = JUDGED[op].eager
+    impls = [("eager-chain", eager), ("off-by-one-ulp", off_by_one_ulp(eager))]
     impls += [("raises", raises), ("wrong-shape", wrong_shape), ("refuses-fp16", refuses_fp16)]
     impls += [("writes-into-a-gap", writes_into_a_gap), ("leaves-last-row", leaves_last_row)]
     impls += [("nan-in-one-element", nan_in_one_element), ("zero-where-nan", zero_where_nan)]
@@ -134,10 +151,7 @@ def judged(request):
     if op == "partial_rope":
         impls.append(("writes-into-x", writes_into_x))
     impls += [(f"emulation {label}", emulation_impl(op, label)) for label in JUDGED[op].emulations["forward"]]
-    device = "cuda" if ON_GPU else "cpu"
-    results, meta = conformance.run(op, impls, device, examples=SWEEP, seed=0, progress=lambda msg: None)
-    json.dumps(results, default=str)  # the JSON the command writes holds these
-    return op, {r["impl"]: r for r in results}, meta
+    return judge(op, impls)
 
 
 def test_each_semantics_is_named_with_its_own_label(judged):
@@ -149,8 +163,8 @@ def test_each_semantics_is_named_with_its_own_label(judged):
         assert forward["conforms"] == inside, (label, forward["outside_model"], forward["first_violation"])
 
 
-def test_dsrope_and_the_eager_chain_conform_with_the_contracts_semantics(judged):
-    op, results, _ = judged
+def test_dsrope_and_the_eager_chain_conform_with_the_contracts_semantics(dsrope_judged):
+    op, results, _ = dsrope_judged
     for name in ("dsrope", "eager-chain"):
         r = results[name]
         assert r["forward"]["conforms"] and r["backward"]["conforms"], name
