@@ -73,6 +73,7 @@ def test_a_pair_known_to_differ_reads_its_share_and_reason(matrix):
         r = row(rows, "eager-chain:F.rms_norm+fp32-rotation", "sglang:fused_norm_rope_inplace_triton", "forward", dtype)
         assert r["reason"] == "two-boundaries vs fp32-through", r
         assert 0.9 < r["bitwise_equal"] < 0.99, r
+        assert r["outside_a"] == 0 and r["outside_b"] > 0, r  # boundary 1 missing lies outside the model
         r = row(rows, "emulation two-boundaries+interleaved", "emulation fp32-through+interleaved", "forward", dtype)
         assert r["reason"] == "two-boundaries vs fp32-through" and r["bitwise_equal"] < 0.99, r
     # sglang's kernel and the emulation of its semantics: the same function
