@@ -12,6 +12,8 @@ pinned here are of those 17 cases).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dsrope_gate import parity, presets
@@ -143,3 +145,18 @@ def test_render_json_and_picture(matrix, tmp_path):
 )
 def test_reason(a, b, expected):
     assert parity.reason(a, b) == expected
+
+
+def test_the_command_line_writes_markdown_json_and_picture(tmp_path):
+    """`--parity` on two implementations given by --impl: the three files, the pair's row in the JSON."""
+    from dsrope_gate.conformance.cli import main
+
+    impls = ["dsrope_gate.differential:eager_partial_rope", "dsrope:apply_partial_rope_triton"]
+    argv = ["--parity", "--op", "partial_rope", "--device", "cpu", "--examples", "0", "--golden", str(tmp_path)]
+    assert main(argv + [a for impl in impls for a in ("--impl", impl)] + ["--out", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / "parity.json").read_text())
+    assert {(r["a"], r["b"]) for r in written["pairs"]} == {tuple(impls)}
+    bf16 = [r for r in written["pairs"] if r["dtype"] == "bfloat16" and r["direction"] == "forward"]
+    assert [(r["bitwise_equal"], r["reason"]) for r in bf16] == [(1.0, "same semantics (interleaved)")]
+    assert (tmp_path / "out" / "parity.md").read_text().startswith("# Parity matrix")
+    assert (tmp_path / "out" / "parity.png").read_bytes()[:4] == b"\x89PNG"
