@@ -65,3 +65,58 @@ def test_peer_verdict_and_semantics(judged, name):
         got = (r["backward"]["conforms"], r["backward"]["semantics"])
         assert got == backward, f"{name} backward: expected {backward}, the pinned release gives {got}"
     assert r["forward"]["writes_into_input"] == [], f"{name}: the adapter let it write into the caller's input"
+
+
+def loaded_one(name):
+    skipped = []
+    found = presets.load([name], "cpu", None, skipped.append)
+    if not found:
+        pytest.skip("; ".join(skipped) or f"{name} did not load")
+    from dsrope.interpreter import install_interpreter_rounding
+
+    install_interpreter_rounding()  # their Triton stores round to nearest even, as on a GPU
+    return found[0]
+
+
+def test_sglang_batched_rope_writes_past_the_rotary_slice_when_r_is_not_a_power_of_two():
+    """sglang's batched path (what its DSV4 model runs) on 3 heads of 96 channels: R = 64 is the contract's
+    bits; R = 48 runs over next_power_of_2(48) = 64 channels, 16 past the slice: into the next head's
+    leading channels (the very last row's overrun lands in the adapter's padding)."""
+    import torch
+
+    from dsrope_gate.differential import eager_partial_rope
+    from dsrope_gate.inputs import tables, values
+
+    impl = loaded_one("sglang-batched")
+    x = values((2, 3, 5, 96), torch.bfloat16, 0)
+    for rotary in (64, 48):
+        cos, sin = tables(2, 5, rotary, 0, per_batch=True, device="cpu")
+        differ = impl.fn(x, cos, sin, rotary).view(torch.int16) != eager_partial_rope(x, cos, sin, rotary).view(
+            torch.int16
+        )
+        if rotary == 64:
+            assert not differ.any()
+        else:
+            # only the 16 leading channels of heads past the first of all: the next head's in the token-major
+            # rows (the last head's run over into the next token's first head)
+            assert set(differ.nonzero()[:, 3].tolist()) == set(range(16))
+            assert not differ[0, 0, 0].any() and differ[:, :, :, :16].float().mean() > 0.5
+
+
+def test_megatron_mla_rope_for_q_is_the_contracts_rotation_in_fp32_both_ways():
+    """Megatron-Core's fused q rope (one module of its wheel): forward and backward bit for bit the
+    contract's in fp32 (its bf16 backward in the interpreter: docs/conformance.md)."""
+    import torch
+
+    from dsrope_gate.differential import eager_partial_rope, forward_backward
+    from dsrope_gate.inputs import tables, values
+
+    impl = loaded_one("megatron-core")
+    x = values((2, 3, 5, 96), torch.float32, 0)
+    grad = values((2, 3, 5, 96), torch.float32, 1)
+    cos, sin = tables(2, 5, 64, 0, per_batch=True, device="cpu")
+    xg = x.clone().requires_grad_()
+    out = impl.fn(xg, cos, sin, 64)
+    (dx,) = torch.autograd.grad(out, xg, grad)
+    expected, expected_dx = forward_backward(eager_partial_rope, x, grad, cos, sin, 64)
+    assert torch.equal(out.detach(), expected) and torch.equal(dx, expected_dx)

@@ -188,13 +188,34 @@ def truncating_chain(x, cos, sin, rotary):
     return torch.where(v >= 0, round_down(v, x.dtype), round_up(v, x.dtype)).to(x.dtype)
 
 
+def bf16_tables_chain(x, cos, sin, rotary):
+    """The eager rotation on tables rounded to bf16 (their values back in FP32)."""
+    return eager_partial_rope(x, cos.bfloat16().float(), sin.bfloat16().float(), rotary)
+
+
+def rotary_factor_twice_chain(x, cos, sin, rotary):
+    """The eager rotation of R*R/D channels (even) trailing x[..., :D-R+R*R/D], i.e. the leading ones of the
+    rope slice; the rest of the slice unchanged."""
+    d = x.shape[-1]
+    turned = 2 * (rotary * rotary // (2 * d))
+    end = d - rotary + turned
+    return torch.cat((eager_partial_rope(x[..., :end], cos, sin, turned), x[..., end:]), -1)
+
+
+def official_norm(x, eps):
+    """DeepSeek's eager q norm as its code reads, in x.dtype."""
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
 @pytest.mark.parametrize(("dtype", "geometry"), MIXED)
 def test_emulations_equal_their_definitions_written_another_way(dtype, geometry):
-    """half-split, leading-channels and truncating-store against stock-op chains and the reference's
-    directed rounding (backward: the same chain with the sine negated, the conjugate rotation);
-    fma-rotation against the reference's exact rounding; fp32-through against the eager rotation."""
+    """half-split, leading-channels, truncating-store, bf16-tables and rotary-factor-twice against stock-op
+    chains and the reference's directed rounding (backward: the same chain with the sine negated, the
+    conjugate rotation); fma-rotation against the reference's exact rounding; fp32-through against the
+    eager rotation; every-op-rounded against the official eager code in x.dtype (DSV4 rows)."""
     x, cos, sin, rotary, eps, grad = case(dtype, geometry)
     chains = {"half-split": rotate_half_chain, "leading-channels": leading_chain, "truncating-store": truncating_chain}
+    chains |= {"bf16-tables": bf16_tables_chain, "rotary-factor-twice": rotary_factor_twice_chain}
     for label, chain in chains.items():
         got = SEMANTICS["partial_rope", "forward"][label](x, cos, sin, rotary)
         assert torch.equal(bits(got), bits(chain(x, cos, sin, rotary))), label
@@ -214,6 +235,11 @@ def test_emulations_equal_their_definitions_written_another_way(dtype, geometry)
     through = SEMANTICS["qnorm_rope", "forward"]["fp32-through+interleaved"](x, cos, sin, rotary, eps)
     normalized = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     assert torch.equal(bits(through), bits(fp32_rotation(normalized, cos, sin, rotary).to(dtype)))
+    # every-op-rounded is the official code's bits where torch rounds each op once: on the DSV4 rows (its
+    # vectorized rsqrt); the odd case's 15 rows take torch's scalar bf16 rsqrt, which rounds sqrt first
+    if geometry == "dsv4":
+        official = SEMANTICS["qnorm_rope", "forward"]["every-op-rounded+interleaved"](x, cos, sin, rotary, eps)
+        assert torch.equal(bits(official), bits(eager_partial_rope(official_norm(x, eps), cos, sin, rotary)))
 
 
 INSIDE = {"interleaved", "fma-rotation", "two-boundaries", "two-boundaries+interleaved", "two-boundaries+fma-rotation"}

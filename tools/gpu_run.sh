@@ -53,6 +53,13 @@ for phase in "$@"; do
       timeout 300 python3 -m dsrope_gate.conformance --preset all --device cuda --examples 12 --json "$OUT/conformance.json" --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1; echo "conformance rc $?"
       tail -5 "$OUT/conformance.log"
       timeout 280 python3 -m bench.bench --peers --out "$OUT/bench-peers"; echo "bench-peers rc $?" ;;
+    # issue 34: the parity matrix of every preset on CUDA (the peers carried in .whl/peers, as for `peers`)
+    parity)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 500 python3 -m dsrope_gate.conformance --parity --preset all --device cuda --examples 12 \
+        --json "$OUT/parity.json" --out "$OUT/parity" > "$OUT/parity.log" 2>&1; echo "parity rc $?"
+      tail -5 "$OUT/parity.log" ;;
     # issue 27: the in-place kernel's rows per program and warps (prefill and decode under graph replay; the
     # earlier kernel from sweep_baseline/ if present), then the in-place bench rows beside flash-attn's and sglang's
     inplace-sweep)

@@ -10,11 +10,12 @@ no grad_fn (the command then reports the forward only).
 
 Where a package cannot be imported whole without its heavy runtime, the adapter loads its one module:
 sglang (a serving runtime) from the installed distribution's file, flash-attn (an sdist that builds a
-CUDA extension) from the release's archive, extracted at first use into a cache outside the repository
+CUDA extension) from the release's archive and megatron-core (a wheel for Python >= 3.12 whose package
+imports its runtime) from the release's wheel, extracted at first use into a cache outside the repository
 (DSROPE_PEERS_CACHE, default ~/.cache/dsrope/peers). A preset whose package is missing is skipped with
 the command that installs it.
 
-    python -m dsrope_gate.presets fetch [DIR]    # the pinned wheels and the flash-attn module into DIR
+    python -m dsrope_gate.presets fetch [DIR]    # the pinned wheels, the flash-attn and megatron modules into DIR
                                                  # (default .whl/peers), for an offline GPU host
 """
 
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import types
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,7 @@ PINS = {
     "sglang": "sglang==0.5.23",
     "nemo-automodel": "nemo-automodel==0.7.0",
     "flash-attn": "flash-attn==2.8.3",
+    "megatron-core": "megatron-core==0.19.2",
 }
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
 
@@ -215,6 +219,37 @@ def sglang_preset():
     ]
 
 
+def sglang_batched_preset():
+    """sglang's batched rope, the path its DeepSeek-V4 model takes (srt/models/deepseek_v4.py calls
+    `set_batched_rope(True)`): apply_rotary_emb_triton on the arguments of sglang's preset (the rotary slice
+    of a token-major copy, [B*S, H, R], and [B*S, R/2] complex rows), the switch on for the call only (the
+    module's global, put back after). Its flat kernel reads and writes next_power_of_2(R) channels of every
+    row and masks only the rows: when R is not a power of two it runs past the rotary slice into the next
+    head's leading channels, which the judge sees. The copy and the table get trailing padding so that the
+    overrun of the last row lands in memory of the adapter's, not past an allocation. Forward only."""
+    import torch
+
+    module = _sglang_module()
+
+    def rotate(x, cos, sin, rotary):
+        b, h, s, d = x.shape
+        overrun = (1 << max(rotary - 1, 1).bit_length()) - rotary  # next_power_of_2(R) - R channels
+        buffer = torch.zeros(b * s * h * d + overrun, dtype=x.dtype, device=x.device)
+        y = buffer[: b * s * h * d].view(b, s, h, d)
+        y.copy_(x.detach().transpose(1, 2))
+        rows = _complex_rows(cos, sin)
+        padded = torch.zeros(rows.shape[0] + 1, rows.shape[1], dtype=rows.dtype, device=rows.device)
+        padded[:-1] = rows
+        module.set_batched_rope(True)
+        try:
+            module.apply_rotary_emb_triton(y.view(b * s, h, d)[..., d - rotary :], padded[:-1])
+        finally:
+            module.set_batched_rope(False)
+        return y.transpose(1, 2)
+
+    return [Implementation("sglang:apply_rotary_emb_triton(batched)", PARTIAL_ROPE, rotate)]
+
+
 # --- nemo-automodel: common/rope_triton.py and the DeepSeek-V4 eager q path -----------------------------------
 
 
@@ -328,6 +363,87 @@ def fetch_flash_attn(cache: Path) -> None:
     target.write_bytes(data)
 
 
+# --- megatron-core: fusions/fused_mla_yarn_rope_apply.py (Triton, in place, with backward) ---------------------
+
+MEGATRON_MODULE = "megatron/core/fusions/fused_mla_yarn_rope_apply.py"
+
+
+def _megatron_module():
+    """The one module, from the release's wheel (cp312; this machine runs 3.11), extracted at first use into the
+    cache. Its one import from megatron (`null_decorator`, used only where Triton is missing) is given a stand-in
+    for the load when megatron itself is not installed: importing megatron.core needs its runtime."""
+    path = CACHE / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    if not path.is_file():
+        fetch_megatron(CACHE)
+    if not path.is_file():
+        fetch_command = "`python -m dsrope_gate.presets fetch`"
+        raise Missing(f"megatron-core 0.19.2's {MEGATRON_MODULE} is not in {CACHE}: {fetch_command}")
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is not None:
+        return load_module("_dsrope_peer_megatron_mla_rope", path)
+    stand_ins = {name: types.ModuleType(name) for name in ("megatron", "megatron.core", "megatron.core.utils")}
+    stand_ins["megatron.core.utils"].null_decorator = lambda *args, **kwargs: args[0] if args else (lambda f: f)
+    sys.modules.update(stand_ins)
+    try:
+        return load_module("_dsrope_peer_megatron_mla_rope", path)
+    finally:
+        for name in stand_ins:
+            del sys.modules[name]
+
+
+def fetch_megatron(cache: Path) -> None:
+    """The release's wheel from the package index (for Python 3.12), and its one module extracted into the cache."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+        cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            return
+        wheel = next(Path(tmp).glob("megatron_core-0.19.2-*.whl"), None)
+        if wheel is None:
+            return
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(MEGATRON_MODULE)
+    target = cache / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+def megatron_preset():
+    """fused_apply_mla_rope_for_q(t [S, B, H, D], cos, sin [S, 1, 1, R], qk_head_dim=D-R, emb_dim=R) rotates
+    the trailing R channels of every head in place (interleaved pairs read, rotary_interleaved=False: their
+    only mode), and writes each head's rotated pairs de-interleaved: the R/2 first members, then the R/2
+    second ones (Megatron's attention pairs q with a k laid out the same way). Their tables are our pairs'
+    entries twice, cat((c, c)) and cat((s, s)), one row per position. The adapter calls it once per batch
+    element (their table has no batch dim) on a copy of x[b] in their [S, 1, H, D] layout, and interleaves the
+    rotated channels back into ours: a permutation, no arithmetic. The backward is theirs (their autograd
+    Function, their backward kernel), through that permutation. On CPU their autotuner gets its first config
+    (BLOCK_H = 1 head per program), a launch parameter: the interpreter has no benchmarker."""
+    import torch
+
+    module = _megatron_module()
+
+    def their_tables(cos, sin, b):
+        c, s = _half(cos)[b], _half(sin)[b]
+        return torch.cat((c, c), -1)[:, None, None].contiguous(), torch.cat((s, s), -1)[:, None, None].contiguous()
+
+    def rotate(x, cos, sin, rotary):
+        if not x.is_cuda:  # the interpreter has no benchmarker for their autotuner: its first config only
+            for kernel in (module.rotary_fwd_q_kernel, module.rotary_bwd_q_kernel):
+                kernel.configs = kernel.configs[:1]
+        d = x.shape[-1]
+        out = []
+        for b in range(x.shape[0]):
+            t = x[b].transpose(0, 1)[:, None].clone(memory_format=torch.contiguous_format)  # [S, 1, H, D]
+            t = module.fused_apply_mla_rope_for_q(t, *their_tables(cos, sin, b), d - rotary, rotary)
+            first, second = t[..., d - rotary : d - rotary // 2], t[..., d - rotary // 2 :]
+            rotated = torch.stack((first, second), -1).flatten(-2)
+            out.append(torch.cat((t[..., : d - rotary], rotated), -1)[:, 0].transpose(0, 1))
+        return torch.stack(out) if out else x.clone()
+
+    return [Implementation("megatron-core:fused_apply_mla_rope_for_q", PARTIAL_ROPE, rotate)]
+
+
 # --- the registry --------------------------------------------------------------------------------------------
 
 PRESETS = {
@@ -336,8 +452,10 @@ PRESETS = {
     "transformers": transformers_preset,
     "veomni": veomni_preset,
     "sglang": sglang_preset,
+    "sglang-batched": sglang_batched_preset,
     "nemo-automodel": nemo_preset,
     "flash-attn": flash_attn_preset,
+    "megatron-core": megatron_preset,
 }
 
 
@@ -364,7 +482,8 @@ def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
 
 def fetch(folder: Path) -> None:
     """The pinned releases as files for an offline GPU host: the wheels of veomni and nemo-automodel, the
-    one sglang module and flash-attn's rotary.py (transformers 5.17.0 is on the H200 already)."""
+    one sglang module, flash-attn's rotary.py and megatron-core's fused_mla_yarn_rope_apply.py (transformers
+    5.17.0 is on the H200 already)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("veomni", "nemo-automodel"):
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), PINS[name]])
@@ -372,6 +491,7 @@ def fetch(folder: Path) -> None:
     sglang.parent.mkdir(parents=True, exist_ok=True)
     sglang.write_bytes(Path(_sglang_module().__file__).read_bytes())
     fetch_flash_attn(folder)
+    fetch_megatron(folder)
     print(f"wrote {folder}: {sorted(p.name for p in folder.iterdir())}")
 
 

@@ -10,6 +10,9 @@ Norm (qnorm_rope forward)
   fp32-through     boundary 1 missing: the FP32 normalized row goes into the rotation unrounded; the
                    unrotated channels are rounded once
   rounded-rstd     1/sqrt(mean(x^2) + eps) rounded to x.dtype, then x times it in x.dtype
+  every-op-rounded the official eager q norm `x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)` on
+                   x.dtype tensors: the square, the mean, the sum with eps, the rsqrt and the product each
+                   rounded to x.dtype (bf16: every op of the chain a bf16 op)
 Rotation (both ops; pairs of the trailing R channels unless said)
   interleaved      the contract: pairs (D-R+2k, D-R+2k+1), a*c - b*s and a*s + b*c in FP32 (each product
                    and the sum rounded to FP32), one round-to-nearest-even store
@@ -19,6 +22,14 @@ Rotation (both ops; pairs of the trailing R channels unless said)
   fma-rotation     each lane's own product fused into the add, as a compiler contracts x*cos + rotate(x)*sin:
                    fma(a, c, -rn(b*s)) and fma(b, c, rn(a*s)), each rounded once to FP32 (inside the
                    error model, other bits; the H200's contraction of dsrope's and the peers' kernels)
+  bf16-tables      the contract's rotation with cos and sin rounded to bf16 first, whatever x.dtype (a
+                   trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vLLM issue 48304)
+  rotary-factor-twice  the partial rotary factor R/D applied to the rope slice again (Megatron-Bridge PR
+                   4271): R' = R*R/D channels (even, rounded down; DSV4: 8 of 64) rotated, the leading R'
+                   of the trailing R, as interleaved pairs with the table's first R'/2 entries; the other
+                   R - R' rope channels pass through unrotated. (The real bug's short cache holds the
+                   frequencies of an R'-channel rope, entries k*D/R of ours for plain angle tables; the
+                   label names which channels turn, the bits of those channels may differ.)
 Backward (qnorm_rope)
   two-boundaries   autograd through the contract's eager chain: the de-rotated gradient is rounded to
                    x.dtype (boundary 2) before the RMSNorm backward
@@ -38,8 +49,16 @@ import torch.nn.functional as F
 from dsrope_reference.floats import bits
 from dsrope_reference.rope import round_nearest_exact, two_sum
 
-ROTATIONS = ("interleaved", "half-split", "leading-channels", "truncating-store", "fma-rotation")
-NORMS = ("two-boundaries", "fp32-through", "rounded-rstd")
+ROTATIONS = (
+    "interleaved",
+    "half-split",
+    "leading-channels",
+    "truncating-store",
+    "fma-rotation",
+    "bf16-tables",
+    "rotary-factor-twice",
+)
+NORMS = ("two-boundaries", "fp32-through", "rounded-rstd", "every-op-rounded")
 BACKWARDS = ("two-boundaries", "no-boundary-2")
 
 
@@ -68,9 +87,13 @@ def rotate_fp32(y: torch.Tensor, cos, sin, rotary: int, label: str = "interleave
     """y FP32 [B, H, S, D] with its rotary pairs rotated per `label` in FP32, not stored (autograd flows
     through it): the one eager rotation of the gate. cos/sin FP32 [B, S, >= R/2], entry k pair k's."""
     d = y.shape[-1]
+    start = 0 if label == "leading-channels" else d - rotary
+    if label == "rotary-factor-twice":  # R/D of the rope slice again: its leading R*R/D channels turn
+        rotary = 2 * (rotary * rotary // (2 * d))
     half = rotary // 2
     c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
-    start = 0 if label == "leading-channels" else d - rotary
+    if label == "bf16-tables":
+        c, s = c.bfloat16().float(), s.bfloat16().float()
     if label == "half-split":
         a, b = y[..., start : start + half], y[..., start + half : start + rotary]
     else:
@@ -106,6 +129,13 @@ def normalized(x: torch.Tensor, eps: float, label: str) -> torch.Tensor:
         return F.rms_norm(x, (d,), eps=eps).float()
     if label == "fp32-through":
         return F.rms_norm(x.float(), (d,), eps=eps)
+    if label == "every-op-rounded":
+        # the official eager code, each op computed in FP32 on its x.dtype operands and rounded once (torch's
+        # CPU bf16 rsqrt of a short tensor rounds sqrt to bf16 before the reciprocal: not the label's bits)
+        square = x.float().square().to(x.dtype)
+        mean = square.float().mean(-1, keepdim=True).to(x.dtype)
+        r = torch.rsqrt((mean.float() + eps).to(x.dtype).float()).to(x.dtype)
+        return (x.float() * r.float()).to(x.dtype).float()
     r = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
     return (x * r).float()
 

@@ -90,15 +90,15 @@ def golden_cases(op: Op, device, root: Path | None):
     return out, f"golden inputs: {len(out)} cases from {root}"
 
 
-def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print):
-    """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
-    each with it element by element. Returns (results as in the JSON, meta)."""
+def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print):
+    """Judge each (name, callable) on `op` (an Op or its name), every one on the same cases. Returns (results
+    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta)."""
     import datetime
 
     import torch
     import triton
 
-    from dsrope_gate.conformance.judging import against, run_impl
+    from dsrope_gate.conformance.judging import run_impl
 
     op = op_named(op)
     if device == "cpu":
@@ -108,18 +108,11 @@ def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_
 
         install_interpreter_rounding()
     cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
-    results = []
-    other = None
-    if against_impl is not None:
-        other_result, other_outputs = run_impl(*against_impl, op, cases, device, progress)
-        other = (against_impl[0], other_outputs)
+    results, outputs = [], []
     for name, fn in impls:
-        result, outputs = run_impl(name, fn, op, cases, device, progress)
-        if other is not None:
-            result["against"] = {"impl": other[0]} | against(outputs, other[1])
+        result, out = run_impl(name, fn, op, cases, device, progress)
         results.append(result)
-    if other is not None:
-        results.append(other_result)
+        outputs.append(out)
     meta = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
@@ -130,4 +123,17 @@ def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_
         "seed": seed,
         "golden": note,
     }
+    return results, outputs, cases, meta
+
+
+def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print):
+    """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
+    each with it element by element. Returns (results as in the JSON, meta)."""
+    from dsrope_gate.conformance.judging import against
+
+    everyone = list(impls) + ([against_impl] if against_impl is not None else [])
+    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress)
+    if against_impl is not None:
+        for result, out in zip(results[:-1], outputs[:-1], strict=True):
+            result["against"] = {"impl": against_impl[0]} | against(out, outputs[-1])
     return results, meta

@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the sweep's seed (default 0)")
     ap.add_argument("--golden", type=Path, default=None, help="a golden store (default: the checkout's golden/)")
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument("--parity", action="store_true", help="the parity matrix of every pair (dsrope_gate.parity)")
     ap.add_argument("--out", type=Path, default=Path("out/conformance"), help="the markdown report's folder")
     args = ap.parse_args(argv)
 
@@ -69,6 +70,10 @@ def main(argv=None) -> int:
         ap.error("nothing to judge: give --impl (with --op) or --preset")
     other = (args.against, target(args.against)) if args.against else None
 
+    if args.parity:
+        from dsrope_gate import parity
+
+        return parity.main(jobs, device, args.examples, args.seed, args.golden, args.out, args.json, progress)
     results, metas = [], []
     for op, impls in jobs.items():
         r, meta = run(op, impls, device, args.examples, args.seed, args.golden, other, progress)

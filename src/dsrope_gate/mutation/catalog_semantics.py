@@ -83,6 +83,33 @@ MUTANTS = [
         ),
     ),
     mutant(
+        "semantics.every_op_rounded_keeps_rstd_fp32",
+        SEMANTICS,
+        "normalized",
+        "every-op-rounded keeps 1/sqrt(mean + eps) in FP32 (one op of the official chain not rounded)",
+        (
+            "r = torch.rsqrt((mean.float() + eps).to(x.dtype).float()).to(x.dtype)",
+            "r = torch.rsqrt((mean.float() + eps).to(x.dtype).float())",
+        ),
+    ),
+    mutant(
+        "semantics.bf16_tables_round_cos_only",
+        SEMANTICS,
+        "rotate_fp32",
+        "bf16-tables rounds the cosine table only",
+        ("c, s = c.bfloat16().float(), s.bfloat16().float()", "c = c.bfloat16().float()"),
+    ),
+    mutant(
+        "semantics.rotary_factor_twice_turns_the_trailing_channels",
+        SEMANTICS,
+        "rotate_fp32",
+        "rotary-factor-twice rotates the trailing R*R/D channels of the rope slice, not its leading ones",
+        (
+            "rotary = 2 * (rotary * rotary // (2 * d))",
+            "rotary = 2 * (rotary * rotary // (2 * d))\n        start = d - rotary",
+        ),
+    ),
+    mutant(
         "semantics.no_boundary_2_rounds_the_gradient",
         SEMANTICS,
         "qnorm_backward.emulate",
