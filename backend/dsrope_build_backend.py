@@ -19,8 +19,9 @@ NOT_COPIED = shutil.ignore_patterns(".git", ".nox", ".whl", "out", "__pycache__"
 
 @contextlib.contextmanager
 def writable_tree():
-    """The current directory when writable; else a writable copy of it, entered for the build."""
-    if os.access(".", os.W_OK):
+    """The current directory when writable; else a writable copy of it, entered for the build. A tree whose
+    folder has no write bit is read-only here even for root (who could write it): one behaviour for all."""
+    if os.access(".", os.W_OK) and os.stat(".").st_mode & 0o222:
         yield
         return
     here = os.getcwd()
