@@ -119,6 +119,11 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
         assert words in out, (words, out[-5000:])
     assert "site-packages/dsrope_gate/" not in out, out  # pytest shows the message, not the gate's frames
 
+    # the entry point and an explicit -p (this repository's own usage) register the plugin once
+    both = [str(python), "-m", "pytest", "-p", "dsrope_gate.pytest_plugin", "--co", "-q", "test_my_rope.py"]
+    collected = subprocess.run(both, cwd=project, env=env, capture_output=True, text=True)
+    assert collected.returncode == 0 and "5 tests collected" in collected.stdout, collected.stdout + collected.stderr
+
     command = [str(python), "-m", "dsrope_gate.conformance", "--op", "partial_rope", "--examples", "2"]
     judged = subprocess.run([*command, "--impl", "my_rope:rope"], cwd=project, env=env, capture_output=True, text=True)
     assert judged.returncode == 0, judged.stdout[-3000:] + judged.stderr[-3000:]
