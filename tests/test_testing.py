@@ -78,6 +78,9 @@ def test_conforming_implementations_pass(fn, op, labels):
 
 def test_bf16_math_fails_with_the_element_and_a_reproduction():
     text = failure(bf16_math, "partial_rope")
+    where = next(line for line in text.splitlines() if line.startswith("Where (case kind, dtype"))
+    assert "canonical bfloat16" in where and "canonical float16" in where and "probe bfloat16" in where, where
+    assert "float32" not in where, where  # in fp32, bf16 math is the contract's FP32 math
     assert "bf16_math does not conform to partial_rope" in text and "partial_rope forward: does not conform" in text
     assert "First element outside the model: case 'dsv4-bfloat16'" in text, text
     assert "x's row rms" in text and "allowed [" in text and "ulp of torch.bfloat16 from the reference" in text

@@ -111,6 +111,16 @@ def _semantics_line(op: Op, record: dict, direction: str) -> str:
     return f"Semantics read off the bits: {semantics_text(record)} (the contract: {contract})."
 
 
+def _concentration(record: dict, prepared: dict) -> str:
+    """Where the elements outside the model are: per case kind and dtype, the groups that have any."""
+    groups: dict[tuple, list[int]] = {}
+    for c in record["cases"]:
+        counts = groups.setdefault((prepared[c["case"]].case.kind, c["dtype"]), [0, 0])
+        counts[0] += c["outside_model"]
+        counts[1] += c["elements"]
+    return ", ".join(f"{kind} {dtype} {out}/{total}" for (kind, dtype), (out, total) in groups.items() if out)
+
+
 def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> list[str]:
     verdict = record["verdict"]
     share = record["outside_model"] / record["elements"] if record["elements"] else 0
@@ -124,9 +134,10 @@ def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> 
     if first:
         lines += _first_violation_text(op, direction, first, prepared[first["case"]])
     if cases:
+        lines.append("Where (case kind, dtype: outside / judged): " + _concentration(record, prepared))
+        shown = ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in cases[:6])
         lines.append(
-            "Outside the model per case: "
-            + ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in cases)
+            f"Outside the model per case: {shown}" + (f"; and {len(cases) - 6} more" if len(cases) > 6 else "")
         )
     if record["not_run"]:
         shown = "; ".join(f"{n['case']}: {n['status']} ({n['error']})" for n in record["not_run"][:4])
