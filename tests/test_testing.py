@@ -196,3 +196,20 @@ def test_plugin_imports_no_torch_at_startup():
     env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'reference'}"}
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "[]", run.stdout + run.stderr
+
+
+def test_every_reproduction_pastes_drawn_cases_too():
+    """The recipe of a canonical, probe or hypothesis-drawn case, run as pasted, rebuilds its inputs bit for bit
+    in their layouts (strides and storage offset)."""
+    from dsrope_gate import case_sets
+    from dsrope_gate.conformance.judging import Prepared
+    from dsrope_gate.ops import PARTIAL_ROPE
+
+    for case in case_sets.canonical(("v3",))[:1] + case_sets.probes() + case_sets.sweep(PARTIAL_ROPE, 3, 0):
+        inputs = case.build("cpu")
+        scope = {}
+        exec(Prepared(case, inputs).recipe.split("  #")[0], scope)
+        for name, want in zip(("x", "cos", "sin", "grad"), inputs, strict=True):
+            got = scope[name]
+            assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset(), (case.name, name)
+            assert torch.equal(got.nan_to_num(1.5), want.nan_to_num(1.5)), (case.name, name)
