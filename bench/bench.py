@@ -239,9 +239,9 @@ def per_call_us(fn):
     return statistics.median(samples)
 
 
-def per_replayed_call_us(fn):
-    """Wall time of one call under CUDA graph replay: DECODE_CALLS calls captured in one graph,
-    DECODE_REPLAYS replays between two synchronizes; the median of DECODE_SAMPLES."""
+def replayed_call_samples(fn) -> list[float]:
+    """Wall times of one call under CUDA graph replay, us: DECODE_CALLS calls captured in one graph,
+    DECODE_REPLAYS replays between two synchronizes (host clock), DECODE_SAMPLES such measurements."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture (compiles, fills the caching allocator)
@@ -262,7 +262,12 @@ def per_replayed_call_us(fn):
         torch.cuda.synchronize()
         samples.append((time.perf_counter() - start) / (DECODE_REPLAYS * DECODE_CALLS) * 1e6)
     del graph
-    return statistics.median(samples)
+    return samples
+
+
+def per_replayed_call_us(fn) -> float:
+    """The median of replayed_call_samples."""
+    return statistics.median(replayed_call_samples(fn))
 
 
 def decode_row(kernel, b, h):

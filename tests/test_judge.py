@@ -31,7 +31,7 @@ from dsrope_reference.floats import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsrope_gate.cases import Case, Drawn, Seeded, Tables, Values
+from dsrope_gate.cases import Case, Drawn, Inputs, Seeded, Tables, Values
 from dsrope_gate.layouts import CONTIGUOUS
 from dsrope_gate.ops import DIRECTIONS, JUDGED, PARTIAL_ROPE
 from dsrope_gate.strategies import cases
@@ -159,13 +159,24 @@ def doubles(dtype: torch.dtype, n: int = 4000, seed: int = 0) -> torch.Tensor:
 
 
 def correctly_rounded(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """v rounded once to nearest even by numpy / ml_dtypes (independent of the reference's arithmetic)."""
+    """v rounded once to nearest even, by numpy (float16, float32: its double conversions round once) and
+    for bfloat16 by ml_dtypes from FP32 rounded to odd (FP32 keeps 16 bits more than bf16, so rounding to
+    odd there and then to nearest even rounds once; ml_dtypes 0.6 converts float64 through float32 to
+    nearest, a double rounding: seen on the H200 host, 2026-12-04). Independent of the reference's
+    arithmetic."""
     import ml_dtypes
     import numpy as np
 
-    target = getattr(ml_dtypes, NUMPY[dtype]) if dtype == torch.bfloat16 else getattr(np, NUMPY[dtype])
-    with np.errstate(over="ignore"):
-        return torch.from_numpy(v.numpy().astype(target).astype(np.float64))
+    a = v.numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype != torch.bfloat16:
+            return torch.from_numpy(a.astype(NUMPY[dtype]).astype(np.float64))
+        f = a.astype(np.float32)
+        finite = np.isfinite(a)
+        toward_zero = np.where(finite & (np.abs(f.astype(np.float64)) > np.abs(a)), np.nextafter(f, np.float32(0)), f)
+        inexact = finite & (toward_zero.astype(np.float64) != a)
+        odd = (toward_zero.view(np.uint32) | inexact.astype(np.uint32)).view(np.float32)
+        return torch.from_numpy(odd.astype(ml_dtypes.bfloat16).astype(np.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
@@ -272,3 +283,24 @@ def test_the_reference_lies_inside_its_own_model(case):
             if stage in op.stages and stage != "rstd":
                 ref = model.ref.to(torch.float32).to(case.torch_dtype)
                 assert bool(accepted(ref, model).all()), f"{op} {stage}: {case!r}"
+
+
+def test_qnorm_model_allows_both_results_where_the_fp32_sum_may_overflow():
+    """A float32 row whose sum of squares lies within the FP32 reduction's error of FLT_MAX: a correct
+    kernel's sum may overflow (r = 0, the output 0) or not (the normalized row): the model allows both,
+    for the output and the saved rstd, and nothing else there (a row of ones is rejected)."""
+    from dsrope_reference.qnorm_rope import FLT_MAX, gamma
+
+    d = 64
+    v = torch.tensor(math.sqrt(FLT_MAX / d), dtype=torch.float32)
+    squares = d * v.double() ** 2
+    assert abs(squares / FLT_MAX - 1) < gamma(d), "the row must sit in the band where the FP32 sum may overflow"
+    x = v.expand(1, 1, 1, d).clone()
+    cos, sin = torch.ones(1, 1, 32), torch.zeros(1, 1, 32)
+    case = Case(name="band", shape=(1, 1, 1, d), rotary=32, dtype="float32", values=Seeded(0), eps=1e-6)
+    stages = JUDGED["qnorm_rope"].reference(case, Inputs(x, cos, sin, torch.ones_like(x)))
+    out, rstd = stages["out"], stages["rstd"]
+    assert bool(accepted(torch.zeros(1, 1, 1, d), out).all()), "the overflowed kernel's zeros rejected"
+    assert bool(accepted(out.ref.float(), out).all())
+    assert bool(accepted(torch.zeros(1), rstd).all()) and bool(accepted(rstd.ref.float(), rstd).all())
+    assert not bool(accepted(torch.full((1, 1, 1, d), 2.0), out).any())
