@@ -142,6 +142,7 @@ def judged(request):
     eager = JUDGED[op].eager
     impls = [("eager-chain", eager), ("off-by-one-ulp", off_by_one_ulp(eager))]
     impls += [("raises", raises), ("wrong-shape", wrong_shape), ("refuses-fp16", refuses_fp16)]
+    impls += [("wrong-signature", lambda x, cos: x)]
     impls += [("writes-into-a-gap", writes_into_a_gap), ("leaves-last-row", leaves_last_row)]
     impls += [("nan-in-one-element", nan_in_one_element), ("zero-where-nan", zero_where_nan)]
     impls += [("crashes-on-bf16", crashes_on_bf16)]
@@ -202,7 +203,11 @@ def test_failures_are_reported_not_raised(judged):
     shape = results["wrong-shape"]["forward"]
     assert shape["verdict"] == "does not conform" and shape["conforms"] is False
     assert {n["status"] for n in shape["not_run"]} == {"wrong output"}
-    assert set(shape["layouts"].values()) == {"silently wrong"}
+    assert set(shape["layouts"].values()) == {"wrong output"}  # its own word, not "silently wrong"
+
+    signature = results["wrong-signature"]["forward"]  # a TypeError of the call itself: not a refusal
+    assert signature["verdict"] == "not run" and {n["status"] for n in signature["not_run"]} == {"wrong signature"}
+    assert set(signature["layouts"].values()) == {"wrong signature"}
 
     fp16 = results["refuses-fp16"]["forward"]
     assert fp16["conforms"] and fp16["verdict"] == "partial" and {n["status"] for n in fp16["not_run"]} == {"refused"}

@@ -1,7 +1,11 @@
 """The project installs as a library for other projects: a copy of the checkout (git's tracked and
-untracked-not-ignored files, as a fresh clone has them) installed with the `gate` extra into a fresh
-virtual environment outside the repository gives exactly three top-level packages, each named for this
-project, and a dozen lines written in that environment judge a kernel against the reference.
+untracked-not-ignored files, as a fresh clone has them), made read-only, installed with the `gate` extra into
+a fresh virtual environment outside the repository gives exactly three top-level packages, each named for
+this project, writes nothing into the copy, and a dozen lines written in that environment judge a kernel
+against the reference. Then the README's "Use it in your CI" example, as written there: a foreign project
+(its own correct, fp32-through, bf16-math and half-split functions) runs pytest with assert_conforms and the
+plugin (switched on by the install's entry point), and the conformance command judges its function with the
+golden inputs the install shipped, exit status 0.
 
 Needs the package index (the venv installs torch 2.13.0, triton and the gate's dependencies): it runs
 in the CPU suite, where CI has the index, and is skipped on a GPU host without one.
@@ -10,6 +14,7 @@ in the CPU suite, where CI has the index, and is skipped on a GPU host without o
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +58,7 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
         if (ROOT / f).is_file():
             (checkout / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, checkout / f)
+    subprocess.run(["chmod", "-R", "a-w", str(checkout)], check=True)  # a read-only source tree builds too
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -83,3 +89,56 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "judged 768 violations 0" in run.stdout, run.stdout
     assert all(path.startswith(site) for path in run.stdout.split("from ", 1)[1].split()), run.stdout
+    assert not list(checkout.rglob("*.egg-info")), "the build wrote into the source tree"
+
+    project = tmp_path / "foreign"
+    project.mkdir()
+    for name, code in readme_example().items():
+        (project / name).write_text(code)
+    env = env | {"CUDA_VISIBLE_DEVICES": ""}
+    tests = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_rope.py"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    out = tests.stdout
+    assert tests.returncode == 1 and "3 failed, 2 passed" in out, out[-5000:] + tests.stderr[-2000:]
+    failed = set(re.findall(r"^FAILED test_my_rope.py::(\w+)", out, re.M))
+    assert failed == {"test_qnorm_rope_fp32_through", "test_rope_bf16_math", "test_rope_half_split"}, out[-5000:]
+    for words in (
+        "AssertionError: qnorm_rope_fp32_through does not conform to qnorm_rope on cpu:",
+        "Semantics: expected 'two-boundaries' in the forward; Semantics read off the bits: fp32-through",
+        "AssertionError: rope_bf16_math does not conform to partial_rope on cpu:",
+        "AssertionError: rope_half_split does not conform to partial_rope on cpu:",
+        "Semantics read off the bits: half-split (the contract: interleaved).",
+        "First element outside the model: case 'dsv4-bfloat16'",
+        "Reproduce (paste into Python, with fn your implementation):",
+    ):
+        assert words in out, (words, out[-5000:])
+    assert "site-packages/dsrope_gate/" not in out, out  # pytest shows the message, not the gate's frames
+
+    # the entry point and an explicit -p (this repository's own usage) register the plugin once
+    both = [str(python), "-m", "pytest", "-p", "dsrope_gate.pytest_plugin", "--co", "-q", "test_my_rope.py"]
+    collected = subprocess.run(both, cwd=project, env=env, capture_output=True, text=True)
+    assert collected.returncode == 0 and "5 tests collected" in collected.stdout, collected.stdout + collected.stderr
+
+    command = [str(python), "-m", "dsrope_gate.conformance", "--op", "partial_rope", "--examples", "2"]
+    judged = subprocess.run([*command, "--impl", "my_rope:rope"], cwd=project, env=env, capture_output=True, text=True)
+    assert judged.returncode == 0, judged.stdout[-3000:] + judged.stderr[-3000:]
+    golden = re.search(r"golden inputs: (\d+) cases from (\S+)", judged.stdout)
+    assert golden and int(golden[1]) > 0 and golden[2].startswith(str(venv)), judged.stdout[:2000]
+    wrong = subprocess.run(
+        [*command, "--impl", "my_rope:rope_half_split"], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert wrong.returncode == 1 and "**does not conform** | half-split" in wrong.stdout, wrong.stdout[:3000]
+
+
+def readme_example() -> dict[str, str]:
+    """The README's "Use it in your CI" python blocks, by the file name each one's first line gives."""
+    section = (ROOT / "README.md").read_text().split("## Use it in your CI", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    files = {block.split("\n", 1)[0].removeprefix("# "): block for block in blocks}
+    assert set(files) == {"my_rope.py", "test_my_rope.py"}, files.keys()
+    return files

@@ -17,7 +17,9 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     golden        the golden store: records, encoding, manifest and hashes, snapshot files, diffs
     snapshots     dsrope's kernels on the golden inputs; per-platform kernel bit snapshots
     report        the accuracy table and its chart;  verify: the accuracy report (tools/verify.py)
-    conformance   the conformance command: calling, judging, render, cli
+    conformance   the conformance command: calling, judging, render, cli (exit status 0 / 1 / 2)
+    testing       assert_conforms, assert_bitwise_equal: the judgement as assertions for any test suite
+    pytest_plugin the pytest11 entry point: the `conforms` marker and the `judge` fixture
     presets       adapters over the peers' pinned releases
     profile       a pytest plugin: where a gate's time goes
     gpu_pinning   one GPU per pytest-xdist worker

@@ -57,11 +57,19 @@ class GoldenError(Exception):
 
 def golden_root() -> Path:
     """The golden store: $DSROPE_GOLDEN when set, else the checkout's golden/ beside the package's src/
-    (an editable install or a PYTHONPATH into a checkout). Where neither is there the path does not exist,
-    and every reader says the manifest is missing, naming the path."""
+    (an editable install or a PYTHONPATH into a checkout), else the copy a pip install puts in the
+    environment's data folder (pyproject's data-files: <prefix>/share/dsrope/golden). Where none is there
+    the checkout's path is returned; it does not exist, and every reader says the manifest is missing,
+    naming it."""
+    import sysconfig
+
     if os.environ.get("DSROPE_GOLDEN"):
         return Path(os.environ["DSROPE_GOLDEN"]).resolve()
-    return Path(__file__).resolve().parents[2] / "golden"
+    checkout = Path(__file__).resolve().parents[2] / "golden"
+    installed = Path(sysconfig.get_path("data")) / "share" / "dsrope" / "golden"
+    if not (checkout / "manifest.json").is_file() and (installed / "manifest.json").is_file():
+        return installed
+    return checkout
 
 
 GOLDEN = golden_root()

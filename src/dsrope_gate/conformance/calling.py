@@ -3,6 +3,7 @@ whether its output is token-major, and how it failed (refused, crashed, a wrong 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -15,7 +16,7 @@ REFUSALS = (ValueError, TypeError, NotImplementedError, AssertionError)
 
 @dataclass
 class Call:
-    status: str  # ok | refused | crashed | wrong output
+    status: str  # ok | refused | crashed | wrong output | wrong signature
     out: torch.Tensor | None = None
     dx: torch.Tensor | None = None
     error: str = ""
@@ -51,12 +52,30 @@ def output_problem(out, x: torch.Tensor) -> str:
     return ""
 
 
+def signature_problem(op, fn) -> str:
+    """Why fn cannot be called with op's arguments (the TypeError a call would raise before fn runs), or ""
+    (also where Python cannot read fn's signature: a builtin, a C extension)."""
+    arguments = op.signature[op.signature.index("(") + 1 : -1].split(", ")
+    try:
+        parameters = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ""
+    try:
+        parameters.bind(*arguments)
+    except TypeError as e:
+        return f"takes {parameters}, called as {op.signature}: {e}"
+    return ""
+
+
 def call(op, fn, case, inputs: Inputs) -> Call:
     """The forward on copies of the case's inputs in their layouts (nothing requires grad; a write into
     any of them is seen, and the case's own tensors stay as they were for the next implementation),
     then the backward on a fresh x that requires grad, when the output carries a grad_fn."""
     import numpy
 
+    wrong = signature_problem(op, fn)
+    if wrong:  # a TypeError that says nothing of the input: not a refusal
+        return Call("wrong signature", error=wrong)
     copies = Inputs(*(same_layout_copy(t) for t in inputs))
     watched = {"x": copies.x, "cos": copies.cos, "sin": copies.sin}
     before = {k: storage_bytes(v) for k, v in watched.items()}

@@ -131,6 +131,25 @@ MUTANTS = [
         ),
     ),
     mutant(
+        "conformance.wrong_signature_reads_refused",
+        CALLING,
+        "call",
+        "a callable that cannot take the op's arguments reads refused, as if it had said no to the input",
+        ('        return Call("wrong signature", error=wrong)\n', '        return Call("refused", error=wrong)\n'),
+    ),
+    mutant(
+        "conformance.wrong_output_reads_silently_wrong",
+        JUDGING,
+        "run_impl",
+        "a layout probe that returned a wrong shape or None reads 'silently wrong' instead of 'wrong output'",
+        (
+            '        if case.kind == "probe":\n',
+            '        if result.status == "wrong output":\n'
+            '            outcome = "silently wrong"\n'
+            '        if case.kind == "probe":\n',
+        ),
+    ),
+    mutant(
         "conformance.gaps_not_watched",
         CALLING,
         "storage_bytes",

@@ -1,0 +1,268 @@
+"""Assertions for other projects' test suites, as torch.testing's assert_close is used: the gate's judgement of
+one implementation, raised as an AssertionError that says what failed and how to reproduce it.
+
+    from dsrope_gate.testing import assert_conforms, assert_bitwise_equal
+
+    assert_conforms(my_qnorm_rope, "qnorm_rope", semantics="two-boundaries")
+    assert_bitwise_equal(trainer_rope, inference_rope, "partial_rope")
+
+Both run the implementation through the conformance command's own door (dsrope_gate.conformance.judging),
+on a reduced case set by default: the canonical DeepSeek-V4/V3 cases of the requested dtypes and one probe per
+layout class (`examples` hypothesis-drawn cases and the golden inputs on request). Timings on this project's
+2-core CPU (Triton interpreter, 2026-12-04, a loaded machine): imports 1.7 s; the first call per op computes
+the reference, 4.3 s for qnorm_rope and 0.9 s for partial_rope (the eager chain); later calls on the same case
+set reuse it: 0.1-0.2 s for the eager chain, 1.6 s / 1.2 s for dsrope's interpreted kernels.
+`python -m dsrope_gate.conformance` is the whole run (golden inputs and a hypothesis sweep too).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from dsrope_gate.ops import Op, op_named
+
+DIRECTIONS = ("forward", "backward")
+
+
+@functools.lru_cache(maxsize=8)
+def _prepared_cases(op_name: str, device: str, dtypes: tuple, examples: int, golden: bool, seed: int):
+    """The reduced case set, with the reference computed (and bf16 stores rounded to nearest even on CPU);
+    kept for the next assertion on the same set (the reference is most of an assertion's time). The
+    implementations are called on copies (dsrope_gate.conformance.calling), so the inputs stay as built."""
+    from dsrope_gate import case_sets
+    from dsrope_gate.conformance import golden_cases
+    from dsrope_gate.conformance.judging import prepare
+
+    op = op_named(op_name)
+    if device == "cpu":
+        from dsrope.interpreter import install_interpreter_rounding
+
+        install_interpreter_rounding()  # what a GPU's store does; Triton's interpreter alone truncates
+    wanted = set(dtypes or ("bfloat16", "float16", "float32"))
+    chosen = [c for c in case_sets.canonical() if c.dtype in wanted] + case_sets.probes()
+    chosen += case_sets.sweep(op, examples, seed)
+    prepared = [prepare(op, c, c.build(device)) for c in chosen]
+    if golden:
+        prepared += golden_cases(op, device, None)[0]
+    return prepared
+
+
+def _device(device):
+    import torch
+
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _forward_only(fn):
+    """fn with its output detached: the backward is not judged (functools.wraps keeps fn's signature)."""
+
+    @functools.wraps(fn)
+    def forward(*args):
+        out = fn(*args)
+        return out.detach() if hasattr(out, "detach") else out
+
+    return forward
+
+
+def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed):
+    from dsrope_gate.conformance.judging import run_impl
+
+    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
+    name = getattr(fn, "__qualname__", repr(fn))
+    result, outputs = run_impl(name, fn if backward else _forward_only(fn), op, cases, device, lambda msg: None)
+    return result, outputs, {p.case.name: p for p in cases}
+
+
+def _row_rms(t) -> float:
+    return float(t.detach().cpu().double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+def _first_violation_text(op: Op, direction: str, first: dict, prepared) -> list[str]:
+    import torch
+    from dsrope_reference.floats import ulp_distance
+
+    b, h, s, d = first["index"]
+    x = prepared.inputs.x
+    dtype = x.dtype
+    got, ref = torch.tensor([first["got"]]).to(dtype), torch.tensor([first["contract"]]).to(dtype)
+    ulps = int(ulp_distance(got, ref)[0])
+    what = "grad" if direction == "backward" else "x"
+    pair = f"{what} pair {first['input']}" if first["channel"] == "rotary" else f"{what} {first['input']}"
+    table = f", cos/sin {first['cos_sin']}" if first["cos_sin"] else ""
+    args = ", ".join(["x", "cos", "sin", str(prepared.case.rotary)] + ([repr(first["eps"])] if first["eps"] else []))
+    call = f"fn({args})" if direction == "forward" else f"torch.autograd.grad(fn({args}), x, grad)[0]"
+    grad_x = "x.requires_grad_(True); " if direction == "backward" else ""
+    return [
+        f"First element outside the model: case {first['case']!r} ({dtype}), index {first['index']}, "
+        f"{first['channel']} channel:",
+        f"  input: {pair}{table}; x's row rms {_row_rms(x[b, h, s]):.6g}",
+        f"  got {first['got']!r}, allowed [{first['bounds'][0]!r}, {first['bounds'][1]!r}], "
+        f"reference {first['contract']!r} ({ulps} ulp of {dtype} from the reference)",
+        "Reproduce (paste into Python, with fn your implementation):",
+        f"  import torch; {first['recipe']}",
+        f"  {grad_x}print({call}[{b}, {h}, {s}, {d}])",
+    ]
+
+
+def _semantics_line(op: Op, record: dict, direction: str) -> str:
+    from dsrope_gate.conformance.judging import semantics_text
+
+    contract = ", ".join(op.contract[direction].split("+"))
+    return f"Semantics read off the bits: {semantics_text(record)} (the contract: {contract})."
+
+
+def _concentration(record: dict, prepared: dict) -> str:
+    """Where the elements outside the model are: per case kind and dtype, the groups that have any."""
+    groups: dict[tuple, list[int]] = {}
+    for c in record["cases"]:
+        counts = groups.setdefault((prepared[c["case"]].case.kind, c["dtype"]), [0, 0])
+        counts[0] += c["outside_model"]
+        counts[1] += c["elements"]
+    return ", ".join(f"{kind} {dtype} {out}/{total}" for (kind, dtype), (out, total) in groups.items() if out)
+
+
+def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> list[str]:
+    verdict = record["verdict"]
+    share = record["outside_model"] / record["elements"] if record["elements"] else 0
+    cases = [c for c in record["cases"] if c["outside_model"]]
+    lines = [
+        f"{op.name} {direction}: {verdict}: {record['outside_model']} of {record['elements']} elements "
+        f"({100 * share:.4g}%) outside the error model, in {len(cases)} of {len(record['cases'])} cases judged; "
+        f"{len(record['not_run'])} cases not run."
+    ]
+    first = record["first_violation"]
+    if first:
+        lines += _first_violation_text(op, direction, first, prepared[first["case"]])
+    if cases:
+        lines.append("Where (case kind, dtype: outside / judged): " + _concentration(record, prepared))
+        shown = ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in cases[:6])
+        lines.append(
+            f"Outside the model per case: {shown}" + (f"; and {len(cases) - 6} more" if len(cases) > 6 else "")
+        )
+    if record["not_run"]:
+        shown = "; ".join(f"{n['case']}: {n['status']} ({n['error']})" for n in record["not_run"][:4])
+        more = f"; and {len(record['not_run']) - 4} more" if len(record["not_run"]) > 4 else ""
+        lines.append(f"Not run: {shown}{more}")
+    lines.append(_semantics_line(op, record, direction))
+    return lines
+
+
+def assert_conforms(
+    fn,
+    op: str | Op,
+    *,
+    device: str | None = None,
+    semantics: str | list[str] | None = None,
+    dtypes: list[str] | None = None,
+    backward: bool = True,
+    examples: int = 0,
+    golden: bool = False,
+    seed: int = 0,
+) -> dict:
+    """Raise AssertionError unless `fn`, an implementation of `op` ("qnorm_rope": fn(x, cos, sin, rotary, eps),
+    or "partial_rope": fn(x, cos, sin, rotary)), conforms to the contract in every direction judged: every
+    case ran and no element lies outside the reference's error model. The backward is judged through autograd
+    when fn's output has a grad_fn and `backward` is true.
+
+    Cases: the canonical DeepSeek-V4 and V3 cases of `dtypes` (default bf16, fp16, fp32), one bf16 probe per
+    layout class, `examples` cases drawn by hypothesis from `seed`, and the golden inputs when `golden`.
+    Defaults on a 2-core CPU (2026-12-04): the first call per op 4.3 s (qnorm_rope) or 0.9 s (partial_rope),
+    most of it the reference, kept for later calls on the same case set (0.1-1.6 s each).
+
+    `semantics`: a label or labels (`python -m dsrope_gate.conformance --help` lists them) the bits must carry
+    too: a forward label is read off the forward, a backward-only label ("no-boundary-2") off the backward.
+    Returns the conformance command's result for fn (the JSON's record) when it passes."""
+    __tracebackhide__ = True  # pytest shows the message, not the gate's frames
+    op = op_named(op)
+    device = _device(device)
+    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed)
+    name = result["impl"]
+    failures = []
+    for direction in DIRECTIONS:
+        record = result[direction]
+        if record is None or (direction == "backward" and not backward):
+            continue
+        if record["verdict"] != "conforms":
+            failures += _direction_failure(op, direction, record, prepared)
+    wanted = [semantics] if isinstance(semantics, str) else list(semantics or ())
+    forward_labels = {part for label in op.emulations["forward"] for part in label.split("+")}
+    for label in wanted:
+        direction = "forward" if label in forward_labels else "backward"
+        record = result[direction]
+        read = record["semantics"] if record else []
+        if label not in read:
+            failures.append(
+                f"Semantics: expected {label!r} in the {direction}; "
+                + (_semantics_line(op, record, direction) if record else "no backward (no grad_fn).")
+            )
+    if failures:
+        raise AssertionError(f"{name} does not conform to {op.name} on {device}:\n" + "\n".join(failures))
+    return result
+
+
+def _first_difference(outputs_a: dict, outputs_b: dict, index: int):
+    """(case, index, a's value, b's value, dtype) of the first element whose bits differ, or None."""
+    from dsrope_reference.floats import ulp_distance
+
+    for case, (a_out, b_out) in ((c, (outputs_a[c][index], outputs_b[c][index])) for c in outputs_a):
+        if a_out is None or b_out is None or case not in outputs_b:
+            continue
+        a, b = a_out.detach().cpu(), b_out.detach().cpu()
+        differ = (ulp_distance(a, b) != 0).nonzero()
+        if len(differ):
+            i = tuple(differ[0].tolist())
+            return case, list(i), a[i].item(), b[i].item(), a.dtype
+    return None
+
+
+def assert_bitwise_equal(
+    a,
+    b,
+    op: str | Op,
+    *,
+    device: str | None = None,
+    dtypes: list[str] | None = None,
+    backward: bool = True,
+    examples: int = 0,
+    golden: bool = False,
+    seed: int = 0,
+) -> None:
+    """Raise AssertionError unless implementations `a` and `b` of `op` (a trainer's and an inference engine's)
+    give the same bits on every case of assert_conforms's set, in both directions: every case run by both,
+    every element 0 ulp apart (the project's one ulp distance: NaN meets NaN, -0 meets +0). The message gives, per
+    direction, the share of elements equal, the largest distance in ulp and the first element that differs."""
+    __tracebackhide__ = True
+    from dsrope_gate.conformance.judging import against, run_impl
+
+    op = op_named(op)
+    device = _device(device)
+    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
+    runs = []
+    for fn in (a, b):
+        name = getattr(fn, "__qualname__", repr(fn))
+        runs.append((name, *run_impl(name, fn if backward else _forward_only(fn), op, cases, device, lambda m: None)))
+    (name_a, result_a, outputs_a), (name_b, result_b, outputs_b) = runs
+    compared = against(outputs_a, outputs_b)
+    failures = []
+    only = sorted(set(outputs_a) ^ set(outputs_b))
+    if only or not outputs_a:
+        failures.append(f"Cases run by one only: {', '.join(only) or 'none ran at all'}")
+    for index, direction in enumerate(DIRECTIONS):
+        d = compared.get(direction)
+        if direction == "backward" and not backward:
+            continue
+        if d is None:
+            if direction == "backward" and (result_a["backward"] is None) != (result_b["backward"] is None):
+                failures.append("backward: one output carries a grad_fn, the other does not")
+            continue
+        if d["bitwise_equal"] < 1:
+            case, i, va, vb, dtype = _first_difference(outputs_a, outputs_b, index)
+            failures.append(
+                f"{direction}: {100 * d['bitwise_equal']:.4f}% of elements bitwise equal, max {d['max_ulp']} ulp "
+                f"apart; first differing element: case {case!r} ({dtype}), index {i}: {name_a} {va!r}, "
+                f"{name_b} {vb!r}"
+            )
+    if failures:
+        raise AssertionError(
+            f"{name_a} and {name_b} ({op.name} on {device}) are not bitwise equal:\n" + "\n".join(failures)
+        )

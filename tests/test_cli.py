@@ -1,0 +1,147 @@
+"""The conformance command as a CI step runs it (dsrope_gate.conformance.cli): its exit status (0 every
+direction conforms, 1 one does not, is partial or was skipped, 2 nothing run or a usage/load error), its
+--help (each op's signature, every label and verdict, the exit status), a user's file that does not even
+parse (one line, rc 2), and a callable of the wrong signature (reads "wrong signature", not "refused").
+
+Each run judges partial_rope on the canonical cases and the layout probes (no golden store, no sweep:
+--golden points at an empty folder, --examples 0), about 13 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dsrope_gate.conformance.cli import EXIT_STATUS, LABELS, VERDICT_MEANING, exit_status, main
+from dsrope_gate.ops import JUDGED
+
+ROOT = Path(__file__).resolve().parents[1]
+
+IMPLS = textwrap.dedent(
+    """
+    import torch
+    from dsrope_gate.differential import eager_partial_rope
+
+
+    def good(x, cos, sin, rotary):
+        return eager_partial_rope(x, cos, sin, rotary)
+
+
+    def half_split(x, cos, sin, rotary):
+        d, half = x.shape[-1], rotary // 2
+        lead, a, b = x[..., : d - rotary], x[..., d - rotary : d - half].float(), x[..., d - half :].float()
+        c, s = cos[:, None, :, :half], sin[:, None, :, :half]
+        return torch.cat((lead, (a * c - b * s).to(x.dtype), (a * s + b * c).to(x.dtype)), -1)
+
+
+    def two_args(x, cos):
+        return x
+    """
+)
+
+
+@pytest.fixture
+def impls(tmp_path):
+    path = tmp_path / "impls.py"
+    path.write_text(IMPLS)
+    (tmp_path / "empty").mkdir()
+    return path
+
+
+def judge(impls: Path, *names: str, json_path: Path | None = None) -> int:
+    argv = ["--op", "partial_rope", "--examples", "0", "--golden", str(impls.parent / "empty")]
+    argv += ["--out", str(impls.parent / "out")] + (["--json", str(json_path)] if json_path else [])
+    for name in names:
+        argv += ["--impl", f"{impls}:{name}"]
+    return main(argv)
+
+
+def result(verdicts: dict) -> dict:
+    return {d: (None if v is None else {"verdict": v}) for d, v in verdicts.items()}
+
+
+def test_exit_status_rule():
+    ok = result({"forward": "conforms", "backward": "conforms"})
+    forward_only = result({"forward": "conforms", "backward": None})
+    assert exit_status([ok]) == 0 and exit_status([forward_only]) == 0
+    for bad in ("does not conform", "partial", "not run"):
+        assert exit_status([ok, result({"forward": "conforms", "backward": bad})]) == 1
+    nothing = result({"forward": "not run", "backward": "not run"})
+    assert exit_status([nothing]) == 2 and exit_status([nothing, nothing]) == 2
+    assert exit_status([nothing, ok]) == 1
+
+
+def test_conforming_implementation_exits_0(impls, capsys):
+    assert judge(impls, "good") == 0
+
+
+def test_half_split_exits_1(impls, capsys):
+    assert judge(impls, "good", "half_split") == 1
+    out = capsys.readouterr().out
+    assert f"`{impls}:half_split` | partial_rope | forward | **does not conform** | half-split |" in out, out
+
+
+def test_wrong_signature_reads_so_and_nothing_run_exits_2(impls, tmp_path, capsys):
+    assert judge(impls, "two_args", json_path=tmp_path / "r.json") == 2
+    forward = json.loads((tmp_path / "r.json").read_text())["results"][0]["forward"]
+    assert forward["verdict"] == "not run"
+    assert {n["status"] for n in forward["not_run"]} == {"wrong signature"}
+    assert "called as partial_rope(x, cos, sin, rotary)" in forward["not_run"][0]["error"]
+    assert set(forward["layouts"].values()) == {"wrong signature"}
+
+
+def test_syntax_error_in_the_users_file_is_one_line_rc_2(tmp_path, capsys):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def f(x, cos, sin, rotary)\n    return x\n")
+    with pytest.raises(SystemExit) as exit:
+        main(["--op", "partial_rope", "--impl", f"{broken}:f"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "cannot load" in err and "SyntaxError" in err and "Traceback" not in err, err
+    # argparse's usage, then the one error line
+    assert [line for line in err.splitlines() if "error:" in line] == err.strip().splitlines()[-1:], err
+
+
+def test_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--impl", "dsrope:qnorm_rope_triton"])  # --impl without --op
+    assert exit.value.code == 2
+
+
+def test_help_documents_signatures_labels_verdicts_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for op in JUDGED.values():
+        assert op.signature in text
+    for words in (*LABELS, *VERDICT_MEANING, *EXIT_STATUS.values()):
+        assert " ".join(str(words).split()) in text, words
+    assert "repeatable" in text and "default 24" in text and "default out/conformance" in text
+
+
+def test_every_label_the_report_can_print_has_a_line():
+    labels = {
+        part
+        for op in JUDGED.values()
+        for emulations in op.emulations.values()
+        for e in emulations
+        for part in e.split("+")
+    }
+    assert labels <= set(LABELS), labels - set(LABELS)
+
+
+def test_end_to_end_exit_status_in_a_subprocess(impls):
+    env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'reference'}", "CUDA_VISIBLE_DEVICES": ""}
+    argv = ["--op", "partial_rope", "--examples", "0", "--golden", str(impls.parent / "empty")]
+    argv += ["--out", str(impls.parent / "out"), "--impl", f"{impls}:half_split"]
+    run = subprocess.run(
+        [sys.executable, "-m", "dsrope_gate.conformance", *argv], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "**does not conform** | half-split" in run.stdout
