@@ -324,3 +324,13 @@ def test_the_report_and_the_json_carry_each_verdict(judged):
     outcomes = {probe: outcome for probe, outcome in forward["layouts"].items() if not probe.startswith("empty")}
     assert set(outcomes.values()) == {"silently wrong"} and forward["layouts"]["empty (S = 0)"] == "accepted"
     assert json.loads(json.dumps(results, default=str))[name]["forward"]["verdict"] == "does not conform"
+
+
+def test_the_report_defines_every_label_it_prints(judged):
+    from dsrope_gate.conformance.render import render
+    from dsrope_gate.semantics import LABELS
+
+    _, results, meta = judged
+    text = render(list(results.values()), meta)
+    printed = {label for r in results.values() for label in r["forward"]["semantics"]}
+    assert printed and all(f"- `{label}`: {LABELS[label]}" in text for label in printed)

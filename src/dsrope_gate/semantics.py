@@ -60,6 +60,23 @@ ROTATIONS = (
 )
 NORMS = ("two-boundaries", "fp32-through", "rounded-rstd", "every-op-rounded")
 BACKWARDS = ("two-boundaries", "no-boundary-2")
+# One line per label: the report's and --help's definitions (the module docstring says more).
+LABELS = {
+    "two-boundaries": "the contract: the normalized row rounded to x.dtype before the rotation (forward); the "
+    "de-rotated gradient rounded before the RMSNorm backward (backward)",
+    "fp32-through": "boundary 1 missing: the FP32 normalized row goes into the rotation unrounded",
+    "rounded-rstd": "1/sqrt(mean(x^2)+eps) rounded to x.dtype, then x times it in x.dtype",
+    "every-op-rounded": "the official eager q norm on x.dtype tensors: every op's result rounded to x.dtype",
+    "no-boundary-2": "backward: the de-rotated gradient stays FP32 into the RMSNorm backward",
+    "interleaved": "the contract: pairs (D-R+2k, D-R+2k+1), FP32 math, one round-to-nearest-even store",
+    "half-split": "rotate_half pairing inside the trailing R channels (D-R+k with D-R/2+k)",
+    "leading-channels": "interleaved pairs in the leading R channels instead of the trailing ones",
+    "truncating-store": "the contract's FP32 values stored with truncation toward zero",
+    "fma-rotation": "each lane's product fused into the add (a GPU compiler's contraction; inside the model)",
+    "bf16-tables": "cos and sin rounded to bf16 before the rotation",
+    "rotary-factor-twice": "the partial rotary factor applied twice: only the leading R*R/D channels of the rope "
+    "slice turn",
+}
 
 
 # --- stores ------------------------------------------------------------------------------------------

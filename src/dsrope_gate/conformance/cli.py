@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from dsrope_gate import semantics
 from dsrope_gate.conformance import run
 from dsrope_gate.conformance.render import render
 from dsrope_gate.ops import JUDGED
@@ -16,17 +17,8 @@ from dsrope_gate.ops import JUDGED
 DESCRIPTION = "Judge any implementation of qnorm_rope or partial_rope against the contract, element by element."
 
 # One line per label the report can print (tests/test_cli.py checks that every emulation's label has one).
-LABELS = {
-    "two-boundaries": "the contract: the normalized row rounded to x.dtype before the rotation (forward); the "
-    "de-rotated gradient rounded before the RMSNorm backward (backward)",
-    "fp32-through": "boundary 1 missing: the FP32 normalized row goes into the rotation unrounded",
-    "rounded-rstd": "1/sqrt(mean(x^2)+eps) rounded to x.dtype, then x times it in x.dtype",
-    "no-boundary-2": "backward: the de-rotated gradient stays FP32 into the RMSNorm backward",
-    "interleaved": "the contract: pairs (D-R+2k, D-R+2k+1), FP32 math, one round-to-nearest-even store",
-    "half-split": "rotate_half pairing inside the trailing R channels (D-R+k with D-R/2+k)",
-    "leading-channels": "interleaved pairs in the leading R channels instead of the trailing ones",
-    "truncating-store": "the contract's FP32 values stored with truncation toward zero",
-    "fma-rotation": "each lane's product fused into the add (a GPU compiler's contraction; inside the model)",
+# the labels the report can print: each semantics' (dsrope_gate.semantics), and the two words for none
+LABELS = semantics.LABELS | {
     "no known semantics": "no emulation agrees with 99.9% of the elements on every evidence case",
     "nothing judged": "no element was judged: no semantics claimed",
 }

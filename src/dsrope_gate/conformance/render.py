@@ -7,9 +7,15 @@ from __future__ import annotations
 import json
 
 from dsrope_gate.conformance.judging import semantics_text
+from dsrope_gate.semantics import LABELS
 
 # the verdicts a reader must not miss
 EMPHASIZED = {"does not conform": "**does not conform**", "not run": "**not run**"}
+
+
+def _labels(direction: dict) -> set[str]:
+    by_dtype = direction.get("semantics_by_dtype") or {}
+    return set(direction["semantics"]).union(*by_dtype.values())
 
 
 def _fmt_share(v: float) -> str:
@@ -39,6 +45,10 @@ def render(results: list[dict], meta: dict) -> str:
                 f"| `{r['impl']}` | {r['op']} | {direction} | {verdict} | {sem} | {d['elements']} | "
                 f"{d['outside_model']} | {len(d['not_run'])} |"
             )
+    named = {label for r in results for d in (r["forward"], r["backward"]) if d for label in _labels(d)}
+    if named:
+        lines += ["", "Semantics labels in this report:"]
+        lines += [f"- `{label}`: {LABELS[label]}" for label in LABELS if label in named]
     for r in results:
         lines += ["", f"## `{r['impl']}` ({r['op']}, {r['device']})", ""]
         f = r["forward"]
