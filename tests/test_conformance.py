@@ -151,12 +151,19 @@ def judged(request):
     impls += [("truncates-bf16-only", per_dtype_impl(op, labels))]
     if op == "partial_rope":
         impls.append(("writes-into-x", writes_into_x))
-    impls += [(f"emulation {label}", emulation_impl(op, label)) for label in JUDGED[op].emulations["forward"]]
     return judge(op, impls)
 
 
-def test_each_semantics_is_named_with_its_own_label(judged):
-    op, results, _ = judged
+@pytest.fixture(scope="module", params=["qnorm_rope", "partial_rope"])
+def emulations_judged(request):
+    """Each known semantics' emulation fed to the command as an implementation (its own fixture: one test
+    uses it, so each xdist worker that builds a fixture builds the one its test needs)."""
+    op = request.param
+    return judge(op, [(f"emulation {label}", emulation_impl(op, label)) for label in JUDGED[op].emulations["forward"]])
+
+
+def test_each_semantics_is_named_with_its_own_label(emulations_judged):
+    op, results, _ = emulations_judged
     for label in JUDGED[op].emulations["forward"]:
         forward = results[f"emulation {label}"]["forward"]
         assert forward["semantics"] == label.split("+"), (label, forward["semantics"])
