@@ -93,6 +93,9 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
 
     project = tmp_path / "foreign"
     project.mkdir()
+    # its own pytest configuration, as a project has: under nox the temporary folder lies inside this checkout,
+    # whose pyproject.toml pytest would otherwise take for the foreign project's (its addopts and markers)
+    (project / "pytest.ini").write_text("[pytest]\n")
     for name, code in readme_example().items():
         (project / name).write_text(code)
     env = env | {"CUDA_VISIBLE_DEVICES": ""}

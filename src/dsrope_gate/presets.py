@@ -422,6 +422,8 @@ def megatron_preset():
     import torch
 
     module = _megatron_module()
+    if not module.HAVE_TRITON:  # their module's own switch: below triton 3.4 without CUDA it defines no kernel
+        raise Missing("megatron-core's module turns its Triton kernels off here (triton < 3.4 without CUDA)")
 
     def their_tables(cos, sin, b):
         c, s = _half(cos)[b], _half(sin)[b]
