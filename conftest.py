@@ -26,6 +26,15 @@ from dsrope_gate.startup import interpret_without_gpu  # noqa: E402
 
 interpret_without_gpu()
 
+if torch.cuda.is_available() and os.environ.get("DSROPE_RECORD_SPECIALIZATIONS"):
+    # what this run compiles, for the list gpu-tests warms Triton's cache with (dsrope_gate.compile_cache)
+    from pathlib import Path  # noqa: E402
+
+    from dsrope_gate import compile_cache  # noqa: E402
+
+    if compile_cache.hooks_available():
+        compile_cache.record(Path(os.environ["DSROPE_RECORD_SPECIALIZATIONS"]))
+
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 # Profiles (tests/test_properties.py): ci is derandomized (the same examples every run) and sized

@@ -4,6 +4,7 @@ others the issues name (golden, verify, mutants, bench)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -20,6 +21,9 @@ CPU_TORCH = "torch==2.13.0"
 # The triton releases the CPU suite runs the kernels' interpreter with: the oldest that pyproject.toml
 # claims and the newest on the package index when this was written (the H200 compiles with 3.6.0).
 TRITONS = ["3.9.0", "3.2.0"]
+# The Triton specializations gpu-tests compiles before its workers start (dsrope_gate.compile_cache)
+SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl"
+RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
 
 
 def checkout_path() -> str:
@@ -115,8 +119,17 @@ def gpu_tests(session: nox.Session) -> None:
         # core busy, so each compile runs single-threaded (the generated code is the same either way).
         "MLIR_DISABLE_MULTITHREADING": "1",
     }
-    session.run("python", *pytest_args(session, junit, gpu_workers()), env=env)
+    # Every specialization the suite compiles, compiled once on every core before the workers start
+    # (dsrope_gate.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
+    # the session says how much of it the list lacks.
+    recorded = ROOT / "out" / "specializations"
+    shutil.rmtree(recorded, ignore_errors=True)
+    cache = ["python", "-m", "dsrope_gate.compile_cache"]
+    if os.environ.get("DSROPE_WARM", "1") != "0":
+        session.run(*cache, "warm", str(SPECIALIZATIONS), env=env)
+    session.run("python", *pytest_args(session, junit, gpu_workers()), env=env | {RECORD: str(recorded)})
     check_ran(session, junit)
+    session.run(*cache, "missing", str(recorded), str(SPECIALIZATIONS), env=env)
 
 
 @nox.session

@@ -115,6 +115,17 @@ for phase in "$@"; do
         rm "$OUT/$f.log"
       done
       [ "$failed" = 0 ] ;;
+    # issue 33: gpu-tests twice on one host, each with a fresh Triton cache: without the warm-up (recording
+    # what the tests compile), then warmed from that record (dsrope_gate.compile_cache); the list comes back
+    cache-trial)
+      for run in cold warm; do
+        rm -rf out/gate-profile; t0=$(date +%s)
+        if [ $run = cold ]; then warm=0; else warm=1; python3 -m dsrope_gate.compile_cache merge out/specializations tests/triton_specializations.jsonl; cp tests/triton_specializations.jsonl "$OUT/"; fi
+        DSROPE_WARM=$warm TRITON_CACHE_DIR=/tmp/triton-$run timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_gate.profile -q -rfEs --durations=10 > "$OUT/$run.log" 2>&1
+        echo "gpu-tests ($run) rc $? wall $(( $(date +%s) - t0 )) s" | tee -a "$OUT/$run.log"
+        python3 -m dsrope_gate.profile out/gate-profile | head -30 >> "$OUT/$run.log" 2>&1
+        grep -E "compile_cache|passed|failed" "$OUT/$run.log" | tail -4
+      done ;;
     # Nsight Compute on one head-major QNorm backward of torch.compile's chain and one of ours
     # (tools/profile_backward.py): the bytes each really moves and its DRAM throughput
     ncu-bwd)
