@@ -62,15 +62,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.i
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (compiled kernels)")
     config.addinivalue_line("markers", "slow: long-running; a smaller CPU test covers the same property")
+    config.addinivalue_line("markers", "long: seconds on any device (Python subprocesses): started early on CUDA")
 
 
 def _cost_rank(item) -> int:
     """On CUDA, the long tests first (the >2**31-element tests, then the property module, whose every
-    example compiles kernels: docs/gpu-runs.md), so that no worker starts one when the others are done
-    (on CPU the order is kept: the mutation gate runs the slow property module last on purpose)."""
+    example launches kernels, and the tests that start Python processes: docs/gpu-runs.md), so that no
+    worker starts one when the others are done (on CPU the order is kept: the mutation gate runs the
+    slow property module last on purpose)."""
     if item.get_closest_marker("slow"):
         return 0
-    if item.nodeid.startswith("tests/test_properties.py"):
+    if item.nodeid.startswith("tests/test_properties.py") or item.get_closest_marker("long"):
         return 1
     return 2
 

@@ -22,7 +22,7 @@ CPU_TORCH = "torch==2.13.0"
 # claims and the newest on the package index when this was written (the H200 compiles with 3.6.0).
 TRITONS = ["3.9.0", "3.2.0"]
 # The Triton specializations gpu-tests compiles before its workers start (dsrope_gate.compile_cache)
-SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl"
+SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl.gz"
 RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
 
 

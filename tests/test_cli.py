@@ -136,6 +136,7 @@ def test_every_label_the_report_can_print_has_a_line():
     assert labels <= set(LABELS), labels - set(LABELS)
 
 
+@pytest.mark.long
 def test_end_to_end_exit_status_in_a_subprocess(impls):
     env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'reference'}", "CUDA_VISIBLE_DEVICES": ""}
     argv = ["--op", "partial_rope", "--examples", "0", "--golden", str(impls.parent / "empty")]

@@ -176,6 +176,7 @@ PLUGIN_USER_TESTS = textwrap.dedent(
 )
 
 
+@pytest.mark.long
 def test_plugin_marker_and_fixture_report_through_pytest(tmp_path):
     (tmp_path / "test_user.py").write_text(PLUGIN_USER_TESTS)
     # a configuration of the user's own: under nox the temporary folder lies inside this checkout, whose

@@ -120,7 +120,7 @@ for phase in "$@"; do
     cache-trial)
       for run in cold warm; do
         rm -rf out/gate-profile; t0=$(date +%s)
-        if [ $run = cold ]; then warm=0; else warm=1; python3 -m dsrope_gate.compile_cache merge out/specializations tests/triton_specializations.jsonl; cp tests/triton_specializations.jsonl "$OUT/"; fi
+        if [ $run = cold ]; then warm=0; else warm=1; python3 -m dsrope_gate.compile_cache merge out/specializations tests/triton_specializations.jsonl.gz; cp tests/triton_specializations.jsonl.gz "$OUT/"; fi
         DSROPE_WARM=$warm TRITON_CACHE_DIR=/tmp/triton-$run timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_gate.profile -q -rfEs --durations=10 > "$OUT/$run.log" 2>&1
         echo "gpu-tests ($run) rc $? wall $(( $(date +%s) - t0 )) s" | tee -a "$OUT/$run.log"
         python3 -m dsrope_gate.profile out/gate-profile | head -30 >> "$OUT/$run.log" 2>&1
