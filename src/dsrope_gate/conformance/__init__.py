@@ -90,9 +90,10 @@ def golden_cases(op: Op, device, root: Path | None):
     return out, f"golden inputs: {len(out)} cases from {root}"
 
 
-def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print):
+def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print, each_case=None):
     """Judge each (name, callable) on `op` (an Op or its name), every one on the same cases. Returns (results
-    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta)."""
+    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta).
+    `progress` gets a line per stage and per implementation, `each_case` (when given) one per case."""
     import datetime
 
     import torch
@@ -110,7 +111,7 @@ def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, pr
     cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
     results, outputs = [], []
     for name, fn in impls:
-        result, out = run_impl(name, fn, op, cases, device, progress)
+        result, out = run_impl(name, fn, op, cases, device, progress, each_case)
         results.append(result)
         outputs.append(out)
     meta = {
@@ -126,13 +127,15 @@ def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, pr
     return results, outputs, cases, meta
 
 
-def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print):
+def run(
+    op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print, each_case=None
+):
     """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
     each with it element by element. Returns (results as in the JSON, meta)."""
     from dsrope_gate.conformance.judging import against
 
     everyone = list(impls) + ([against_impl] if against_impl is not None else [])
-    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress)
+    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress, each_case)
     if against_impl is not None:
         for result, out in zip(results[:-1], outputs[:-1], strict=True):
             result["against"] = {"impl": against_impl[0]} | against(out, outputs[-1])
