@@ -32,8 +32,9 @@ def rstd_cubed_underflows(case, inputs, got64: torch.Tensor, model, outside: tor
     r g' - x r^3 mean(g' x). Autograd through F.rms_norm's composite (pow, mean, add, rsqrt, mul) forms that
     r^3 in FP32 (rsqrt's derivative, -0.5 grad r^3 with r its FP32 result), below FP32's normal range in
     rows of rms above 2^42 (r < 2^-42), 0 above 2^49.7. True when every element outside the model lies in
-    such a row and inside the model of the backward with r^3 rounded to FP32 there (give or take one step
-    of the subnormal grid and r's own FP32 error): the projection term lost, not another formula."""
+    such a row and inside the model of the backward with r^3 rounded to FP32 there (any value within half a
+    step of FP32's subnormal grid, 2^-150, and r's own FP32 error of r^3): the projection term's bits lost,
+    not another formula."""
     from dsrope_reference.qnorm_rope import exact_rstd  # mpmath's import, at first use
 
     x, cos, sin, grad = inputs
@@ -45,9 +46,10 @@ def rstd_cubed_underflows(case, inputs, got64: torch.Tensor, model, outside: tor
         return False
     g = partial_rope(grad.detach(), cos, sin, case.rotary, inverse=True).ref  # boundary 2, as the model has it
     projection = x64 * exact_sum(g * x64, keepdim=True) / x64.shape[-1]  # x mean(g' x), exact products
-    slack = SUBNORMAL_STEP + 3 * delta * cubed  # r's relative error, tripled in r^3
-    fp32 = round_nearest(cubed, torch.float32)
-    low, high = ((fp32 - slack).clamp(min=0)[..., None], (fp32 + slack)[..., None])
+    # r^3 as FP32 holds it: rounded onto the subnormal grid (half a step), off by r's own relative error
+    # (tripled in r^3; it covers the rounding of r*r too)
+    slack = SUBNORMAL_STEP / 2 + 3 * delta * cubed
+    low, high = ((cubed - slack).clamp(min=0)[..., None], (cubed + slack)[..., None])
     near, far = r[..., None] * g - projection * low, r[..., None] * g - projection * high
     lo = round_nearest(torch.minimum(near, far), x.dtype) - (model.ref - model.lo)  # the model's own room
     hi = round_nearest(torch.maximum(near, far), x.dtype) + (model.hi - model.ref)
