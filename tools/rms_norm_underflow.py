@@ -10,7 +10,8 @@ For rows of rms in [2^k, 2^(k+1)) (k from --lo to --hi) this measures, per dtype
 rows): torch's FP32 r^3 for that row (normal, subnormal, zero), and how many of the eager chain's
 (dsrope_gate.differential.eager_qnorm_rope: F.rms_norm, then the FP32 rotation) input-gradient elements
 lie outside the contract's backward model (dsrope_reference.qnorm_rope.backward), on --rows rows of D
-channels of N(0, 1) values scaled to an rms drawn in that binade, the gradient N(0, 1).
+channels of N(0, 1) values scaled to an rms drawn in that binade, the gradient N(0, 1); "(diagnosed)" where
+the gate's diagnosis (dsrope_gate.diagnoses.RSTD_CUBED_UNDERFLOW) explains every one of them.
 
     python -m tools.rms_norm_underflow [--lo 36] [--hi 62] [--rows 64] [--dim 512]
 """
@@ -24,6 +25,8 @@ import torch.nn.functional as F
 from dsrope_reference import qnorm_rope
 from dsrope_reference.floats import inside
 
+from dsrope_gate.cases import Case, Inputs
+from dsrope_gate.diagnoses import rstd_cubed_underflows
 from dsrope_gate.differential import eager_qnorm_rope
 from dsrope_gate.inputs import tables
 
@@ -49,12 +52,15 @@ def measure(k: int, dtype: torch.dtype, rows: int, dim: int, rotary: int, seed: 
     leaf = x.detach().requires_grad_()
     (dx,) = torch.autograd.grad(eager_qnorm_rope(leaf, cos, sin, rotary, EPS), leaf, grad)
     model = qnorm_rope.backward(x, grad, cos, sin, rotary, EPS).dx
-    outside = int((~inside(dx.double(), model.ref, model.lo, model.hi)).sum())
+    mask = ~inside(dx.double(), model.ref, model.lo, model.hi)
+    outside = int(mask.sum())
+    case = Case("rows", tuple(x.shape), rotary, str(dtype).removeprefix("torch."), None, eps=EPS)
+    named = bool(mask.any()) and rstd_cubed_underflows(case, Inputs(x, cos, sin, grad), dx.double(), model, mask)
     # torch's own r and r^3 for these rows, as the composite forms them (FP32)
     r = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
     r3 = r.pow(3)
     classes = sorted({rstd_cubed_class(float(v)) for v in r3.flatten()})
-    return {"k": k, "r3": classes, "r3_min": float(r3.min()), "outside": outside, "elements": dx.numel()}
+    return {"r3": classes, "r3_min": float(r3.min()), "outside": outside, "elements": dx.numel(), "named": named}
 
 
 def main(argv=None) -> int:
@@ -70,13 +76,11 @@ def main(argv=None) -> int:
     print(f"{args.rows} rows of D = {args.dim} (R = {args.rotary}) per magnitude; eps {EPS}")
     print("| row rms in | torch's FP32 r^3 | smallest r^3 | fp32 outside the model | bf16 outside the model |")
     print("|---|---|---|---|---|")
+    mark = lambda m: f"{m['outside']}/{m['elements']}" + (" (diagnosed)" if m["named"] else "")
     for k in range(args.lo, args.hi + 1):
         fp32 = measure(k, torch.float32, args.rows, args.dim, args.rotary, args.seed)
         bf16 = measure(k, torch.bfloat16, args.rows, args.dim, args.rotary, args.seed)
-        print(
-            f"| [2^{k}, 2^{k + 1}) | {', '.join(fp32['r3'])} | {fp32['r3_min']:.3g} | "
-            f"{fp32['outside']}/{fp32['elements']} | {bf16['outside']}/{bf16['elements']} |"
-        )
+        print(f"| [2^{k}, 2^{k + 1}) | {', '.join(fp32['r3'])} | {fp32['r3_min']:.3g} | {mark(fp32)} | {mark(bf16)} |")
     print(f"r^3 leaves FP32's normal range above rms 2^42 and is 0 above rms 2^{149 / 3:.2f} (2^-149 = r^3)")
     return 0
 
