@@ -95,6 +95,16 @@ def test_the_underflow_of_rstd_cubed_explains_the_eager_backward_and_only_it():
         outside, yes = explained(mixed, dx, grad9, cos, sin)
         assert outside > 1000 and not yes, dtype
 
+        # a row whose FP32 sum of squares overflows (rms 2^64: rstd 0, dx 0 by the contract) is no underflow
+        # row: a nonzero value there is not explained, even one the flushed formula allows (r^3 a quarter step)
+        overflowing = rows_of_rms([*huge, 64.0], dtype)
+        dx = eager_dx(overflowing, grad9, cos, sin, 64, EPS)
+        derotated = eager_partial_rope(grad9, cos, -sin, 64)  # g', boundary 2
+        x64, g64 = overflowing[0, -1, 0].double(), derotated[0, -1, 0].double()
+        dx[0, -1, 0, 0] = (-x64[0] * (g64 * x64).mean() * 2.0**-151).to(dtype)  # r g' - x r^3 mean(g' x), r = 0
+        outside, yes = explained(overflowing, dx, grad9, cos, sin)
+        assert outside > 1000 and not yes, dtype
+
 
 # --- the diagnosis and the groups through the conformance command ---------------------------------------
 

@@ -37,8 +37,10 @@ rsqrt, moves last bits of every element of a row).
 The package, one job a module: `targets` (dsrope_gate.targets: what --impl names), the cases
 (dsrope_gate.case_sets: canonical, golden, probes, sweep; one Case type, dsrope_gate.cases), `calling`
 (one implementation on one case), `judging` (the reference's verdict, the semantics, bit comparisons),
-`render` (markdown) and `cli` (the command line). What is judged for each op, and how an implementation
-of it is called, is its record in dsrope_gate.ops.
+`violations` (where the elements outside the model are, and the diagnosis that explains them), `render`
+(markdown, and the short summary the command prints, the verdict table last) and `cli` (the command line;
+progress on stderr, one line per implementation, per case with --verbose). What is judged for each op,
+and how an implementation of it is called, is its record in dsrope_gate.ops.
 
 --device cpu runs Triton code in the interpreter with dsrope's round-to-nearest-even fp32 -> bf16
 conversion (what a GPU does) and eager code as it is; --device cuda compiles.

@@ -110,16 +110,17 @@ def summarize(op, direction: str, record: dict) -> dict:
 
 
 def _ulp_text(distance: int) -> str:
-    return "NaN vs a number" if distance >= NAN_VS_NUMBER else str(distance)
+    return "(a NaN against a number)" if distance >= NAN_VS_NUMBER else str(distance)
 
 
 def histogram_text(record: dict) -> str:
     return ", ".join(f"{label}: {n}" for label, n in record["ulp_histogram"].items())
 
 
-def lines(record: dict, shown: int = 8) -> list[str]:
-    """Where the elements outside the model are, in plain lines (assert_conforms's message, the summary)."""
-    where = record.get("where") or []
+def lines(record: dict, shown: int = 6) -> list[str]:
+    """Where the elements outside the model are, in plain lines (assert_conforms's message, the summary):
+    the groups that hold the most first."""
+    where = sorted(record.get("where") or [], key=lambda g: -g["outside"])
     if not where:
         return []
     groups = ", ".join(
