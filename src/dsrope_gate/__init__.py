@@ -13,11 +13,12 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     strategies    hypothesis strategies over shapes, layouts, values and tables
     differential  the eager chains of stock torch ops, transformers' DeepSeek-V3 functions
     semantics     the one FP32 eager rotation, the known semantics' emulations, the classifier
+    diagnoses     named causes of elements outside the model (explain, never change a verdict)
     targets       loading an implementation (module:callable, file.py:callable); the module loader
     golden        the golden store: records, encoding, manifest and hashes, snapshot files, diffs
     snapshots     dsrope's kernels on the golden inputs; per-platform kernel bit snapshots
     report        the accuracy table and its chart;  verify: the accuracy report (tools/verify.py)
-    conformance   the conformance command: calling, judging, render, cli (exit status 0 / 1 / 2)
+    conformance   the conformance command: calling, judging, violations, render, cli (exit status 0 / 1 / 2)
     testing       assert_conforms, assert_bitwise_equal: the judgement as assertions for any test suite
     pytest_plugin the pytest11 entry point: the `conforms` marker and the `judge` fixture
     presets       adapters over the peers' pinned releases

@@ -1,7 +1,8 @@
 """The ops the gate judges, one record each: how an implementation is called on a case, the reference's
 model of every stage it outputs, the known semantics' eager emulations, the contract's labels, the dtypes
 whose bits carry the semantics, what hypothesis may draw for it, and dsrope's own implementation (judged
-through the same door as anybody else's).
+through the same door as anybody else's), and the named causes of elements outside the model its reports
+can give (dsrope_gate.diagnoses).
 
 Everything that depends on which op is judged reads it from its record; no other module branches on an
 op's name. `JUDGED` holds the ops an implementation of the contract's signature can be judged on
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsrope_gate import differential, semantics
+from dsrope_gate import diagnoses, differential, semantics
 from dsrope_gate.cases import Case, Inputs
 
 # the stage each direction outputs: the forward's result, the backward's input gradient
@@ -40,6 +41,8 @@ class Op:
     even_channels: bool = True  # whether D must be even (what hypothesis draws)
     value_kinds: tuple[str, ...] = ("normal", "mixed", "tiny", "huge", "zero_rows", "midpoint")
     eager: Callable | None = None  # the eager chain of stock torch ops the contract equals (dsrope_gate.differential)
+    # direction -> the named causes of elements outside the model a report can give (dsrope_gate.diagnoses)
+    diagnoses: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
         return self.name
@@ -89,6 +92,7 @@ QNORM_ROPE = Op(
     even_channels=False,
     value_kinds=("normal", "mixed", "tiny", "huge", "zero_rows", "midpoint", "overflow"),
     eager=differential.eager_qnorm_rope,
+    diagnoses={"backward": (diagnoses.RSTD_CUBED_UNDERFLOW,)},
 )
 
 PARTIAL_ROPE = Op(

@@ -73,19 +73,9 @@ def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed):
     return result, outputs, {p.case.name: p for p in cases}
 
 
-def _row_rms(t) -> float:
-    return float(t.detach().cpu().double().pow(2).mean().sqrt()) if t.numel() else 0.0
-
-
 def _first_violation_text(op: Op, direction: str, first: dict, prepared) -> list[str]:
-    import torch
-    from dsrope_reference.floats import ulp_distance
-
     b, h, s, d = first["index"]
-    x = prepared.inputs.x
-    dtype = x.dtype
-    got, ref = torch.tensor([first["got"]]).to(dtype), torch.tensor([first["contract"]]).to(dtype)
-    ulps = int(ulp_distance(got, ref)[0])
+    dtype = prepared.inputs.x.dtype
     what = "grad" if direction == "backward" else "x"
     pair = f"{what} pair {first['input']}" if first["channel"] == "rotary" else f"{what} {first['input']}"
     table = f", cos/sin {first['cos_sin']}" if first["cos_sin"] else ""
@@ -95,9 +85,9 @@ def _first_violation_text(op: Op, direction: str, first: dict, prepared) -> list
     return [
         f"First element outside the model: case {first['case']!r} ({dtype}), index {first['index']}, "
         f"{first['channel']} channel:",
-        f"  input: {pair}{table}; x's row rms {_row_rms(x[b, h, s]):.6g}",
+        f"  input: {pair}{table}; x's row rms {first['x_row_rms']:.6g}",
         f"  got {first['got']!r}, allowed [{first['bounds'][0]!r}, {first['bounds'][1]!r}], "
-        f"reference {first['contract']!r} ({ulps} ulp of {dtype} from the reference)",
+        f"reference {first['contract']!r} ({first['ulp']} ulp of {dtype} from the reference)",
         "Reproduce (paste into Python, with fn your implementation):",
         f"  import torch; {first['recipe']}",
         f"  {grad_x}print({call}[{b}, {h}, {s}, {d}])",
@@ -111,17 +101,9 @@ def _semantics_line(op: Op, record: dict, direction: str) -> str:
     return f"Semantics read off the bits: {semantics_text(record)} (the contract: {contract})."
 
 
-def _concentration(record: dict, prepared: dict) -> str:
-    """Where the elements outside the model are: per case kind and dtype, the groups that have any."""
-    groups: dict[tuple, list[int]] = {}
-    for c in record["cases"]:
-        counts = groups.setdefault((prepared[c["case"]].case.kind, c["dtype"]), [0, 0])
-        counts[0] += c["outside_model"]
-        counts[1] += c["elements"]
-    return ", ".join(f"{kind} {dtype} {out}/{total}" for (kind, dtype), (out, total) in groups.items() if out)
-
-
 def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> list[str]:
+    from dsrope_gate.conformance import violations
+
     verdict = record["verdict"]
     share = record["outside_model"] / record["elements"] if record["elements"] else 0
     cases = [c for c in record["cases"] if c["outside_model"]]
@@ -134,7 +116,7 @@ def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> 
     if first:
         lines += _first_violation_text(op, direction, first, prepared[first["case"]])
     if cases:
-        lines.append("Where (case kind, dtype: outside / judged): " + _concentration(record, prepared))
+        lines += violations.lines(record)
         shown = ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in cases[:6])
         lines.append(
             f"Outside the model per case: {shown}" + (f"; and {len(cases) - 6} more" if len(cases) > 6 else "")

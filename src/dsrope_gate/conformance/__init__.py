@@ -37,8 +37,10 @@ rsqrt, moves last bits of every element of a row).
 The package, one job a module: `targets` (dsrope_gate.targets: what --impl names), the cases
 (dsrope_gate.case_sets: canonical, golden, probes, sweep; one Case type, dsrope_gate.cases), `calling`
 (one implementation on one case), `judging` (the reference's verdict, the semantics, bit comparisons),
-`render` (markdown) and `cli` (the command line). What is judged for each op, and how an implementation
-of it is called, is its record in dsrope_gate.ops.
+`violations` (where the elements outside the model are, and the diagnosis that explains them), `render`
+(markdown, and the short summary the command prints, the verdict table last) and `cli` (the command line;
+progress on stderr, one line per implementation, per case with --verbose). What is judged for each op,
+and how an implementation of it is called, is its record in dsrope_gate.ops.
 
 --device cpu runs Triton code in the interpreter with dsrope's round-to-nearest-even fp32 -> bf16
 conversion (what a GPU does) and eager code as it is; --device cuda compiles.
@@ -90,9 +92,10 @@ def golden_cases(op: Op, device, root: Path | None):
     return out, f"golden inputs: {len(out)} cases from {root}"
 
 
-def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print):
+def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print, each_case=None):
     """Judge each (name, callable) on `op` (an Op or its name), every one on the same cases. Returns (results
-    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta)."""
+    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta).
+    `progress` gets a line per stage and per implementation, `each_case` (when given) one per case."""
     import datetime
 
     import torch
@@ -110,7 +113,7 @@ def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, pr
     cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
     results, outputs = [], []
     for name, fn in impls:
-        result, out = run_impl(name, fn, op, cases, device, progress)
+        result, out = run_impl(name, fn, op, cases, device, progress, each_case)
         results.append(result)
         outputs.append(out)
     meta = {
@@ -126,13 +129,15 @@ def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, pr
     return results, outputs, cases, meta
 
 
-def run(op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print):
+def run(
+    op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print, each_case=None
+):
     """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
     each with it element by element. Returns (results as in the JSON, meta)."""
     from dsrope_gate.conformance.judging import against
 
     everyone = list(impls) + ([against_impl] if against_impl is not None else [])
-    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress)
+    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress, each_case)
     if against_impl is not None:
         for result, out in zip(results[:-1], outputs[:-1], strict=True):
             result["against"] = {"impl": against_impl[0]} | against(out, outputs[-1])

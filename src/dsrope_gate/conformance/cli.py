@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dsrope_gate import semantics
 from dsrope_gate.conformance import run
-from dsrope_gate.conformance.render import render
+from dsrope_gate.conformance.render import render, summary
 from dsrope_gate.ops import JUDGED
 
 DESCRIPTION = "Judge any implementation of qnorm_rope or partial_rope against the contract, element by element."
@@ -107,6 +107,9 @@ def main(argv=None) -> int:
         help="the parity matrix of every pair of the implementations named (dsrope_gate.parity)",
     )
     ap.add_argument(
+        "--verbose", action="store_true", help="progress on stderr per case (default: one line per implementation)"
+    )
+    ap.add_argument(
         "--out",
         type=Path,
         default=Path("out/conformance"),
@@ -157,15 +160,16 @@ def main(argv=None) -> int:
         return parity.main(jobs, device, args.examples, args.seed, args.golden, args.out, args.json, progress)
     results, metas = [], []
     for op, impls in jobs.items():
-        r, meta = run(op, impls, device, args.examples, args.seed, args.golden, other, progress)
+        each_case = progress if args.verbose else None
+        r, meta = run(op, impls, device, args.examples, args.seed, args.golden, other, progress, each_case)
         results += r
         metas.append(meta)
-    text = render(results, metas[0] | {"cases": "/".join(str(m["cases"]) for m in metas)})
+    meta = metas[0] | {"cases": "/".join(str(m["cases"]) for m in metas)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.md").write_text(text)
+    (args.out / "report.md").write_text(render(results, meta))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": metas, "results": results}, indent=1, default=str))
-    print(text)
-    progress(f"wrote {args.out / 'report.md'}" + (f" and {args.json}" if args.json else ""))
+    # the result last, where a terminal or a CI log shows it: the summary ends with the verdict table
+    print(summary(results, meta, args.out / "report.md" if not args.json else f"{args.out / 'report.md'}, {args.json}"))
     return exit_status(results)

@@ -12,6 +12,7 @@ from dsrope_reference.rope import Model
 
 from dsrope_gate import semantics
 from dsrope_gate.cases import Case, Inputs
+from dsrope_gate.conformance import violations
 from dsrope_gate.conformance.calling import call
 from dsrope_gate.ops import DIRECTIONS, Op
 
@@ -55,7 +56,8 @@ def prepare(op: Op, case: Case, inputs: Inputs, models: dict | None = None) -> P
 
 
 def first_violation(op: Op, p: Prepared, direction: str, got64: torch.Tensor, model: Model, ok) -> dict:
-    """The first element outside the model, with what reproduces it."""
+    """The first element outside the model, with what reproduces it: `input` the values it was computed from
+    (x's in the forward, the gradient's in the backward), `x_row_rms` the RMS of x's row in both."""
     i = tuple(int(v) for v in (~ok).nonzero()[0].tolist())
     b, h, s, d = i
     x = p.inputs.x if direction == "forward" else p.inputs.grad
@@ -76,17 +78,19 @@ def first_violation(op: Op, p: Prepared, direction: str, got64: torch.Tensor, mo
         "bounds": [model.lo[i].item(), model.hi[i].item()],
         "rotary": r,
         "eps": p.case.eps if "eps" in op.signature else None,
-        "row_rms": float(torch.sqrt(torch.mean(row**2))) if row.numel() else None,
+        "x_row_rms": float(violations.x_row_rms(p.inputs.x[b, h, s][None, None, None])),
+        "ulp": int(violations.ulps(got64[i], model.ref[i], p.inputs.x.dtype)),
     }
 
 
 def judge(op: Op, p: Prepared, direction: str, got: torch.Tensor):
-    """(elements, outside, first violation or None) of got against the reference's model."""
+    """(elements, outside, first violation or None, where: violations.of_case) of got against the model."""
     model = p.models[direction]
     got64 = got.detach().to("cpu", torch.float64)
     ok = inside(got64, model.ref, model.lo, model.hi)
     outside = int((~ok).sum())
-    return got.numel(), outside, (first_violation(op, p, direction, got64, model, ok) if outside else None)
+    first = first_violation(op, p, direction, got64, model, ok) if outside else None
+    return got.numel(), outside, first, violations.of_case(op, direction, p, got64, model, ok)
 
 
 def shares(op: Op, p: Prepared, direction: str, got: torch.Tensor) -> dict:
@@ -119,14 +123,16 @@ def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
 # --- one implementation, every case ---------------------------------------------------------------------
 
 
-def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress) -> tuple[dict, dict]:
-    """(result as in the JSON, the outputs per case for --against)."""
+def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress, each_case=None) -> tuple[dict, dict]:
+    """(result as in the JSON, the outputs per case for --against). `progress` gets one line when the
+    implementation is judged, `each_case` (when given) one per case."""
     directions = {"forward": _direction(), "backward": _direction()}
     layouts, wrote, token_major, outputs = {}, set(), None, {}
     any_backward = False
     for i, p in enumerate(cases, 1):
         case = p.case
-        progress(f"{name} {op} {i}/{len(cases)} {case.name}")
+        if each_case:
+            each_case(f"{name} {op} {i}/{len(cases)} {case.name}")
         result = call(op, fn, case, p.inputs)
         outcome = result.status
         if result.status == "ok":
@@ -139,8 +145,9 @@ def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress
                 if got is None:
                     continue
                 record = directions[direction]
-                elements, outside, first = judge(op, p, direction, got)
-                entry = {"case": case.name, "dtype": case.dtype, "elements": elements, "outside_model": outside}
+                elements, outside, first, where = judge(op, p, direction, got)
+                entry = {"case": case.name, "kind": case.kind, "dtype": case.dtype, "elements": elements}
+                entry |= {"outside_model": outside} | where
                 if case.evidence and case.dtype in op.semantic_dtypes and elements:
                     entry["shares"] = shares(op, p, direction, got)
                 record["cases"].append(entry)
@@ -158,7 +165,8 @@ def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress
         if case.kind == "probe":
             layouts[case.name] = outcome if outcome != "ok" else "accepted"
     res = {"impl": name, "op": op.name, "device": device}
-    for record in directions.values():
+    for direction, record in directions.items():
+        record |= violations.summarize(op, direction, record)
         record["verdict"] = verdict(record)
         # None where nothing was judged: no claim either way
         record["conforms"] = {"conforms": True, "partial": True, "does not conform": False}.get(record["verdict"])
@@ -172,6 +180,8 @@ def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress
     # no backward: some forward ran and none of its outputs carried a grad_fn (forward only); where no forward
     # ran at all the backward was not run either
     res["backward"] = directions["backward"] if any_backward or not outputs else None
+    verdicts = ", ".join(f"{d} {res[d]['verdict']}" for d in directions if res[d] is not None)
+    progress(f"{name} {op}: {verdicts or 'forward only'} ({len(cases)} cases)")
     return res, outputs
 
 

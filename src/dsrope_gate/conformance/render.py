@@ -1,11 +1,13 @@
 """The conformance report in markdown: one row per implementation, op and direction, then per
-implementation its layouts, writes, first violation, semantics shares per case, cases not run, and the
-bitwise comparison with --against."""
+implementation its layouts, writes, first violation, where the elements outside the model are (case kind,
+dtype, x's row magnitude, ulp distances, a diagnosis), semantics shares per case, cases not run, and the
+bitwise comparison with --against; and the command's short summary for the terminal, the verdict table last."""
 
 from __future__ import annotations
 
 import json
 
+from dsrope_gate.conformance import violations
 from dsrope_gate.conformance.judging import semantics_text
 from dsrope_gate.semantics import LABELS
 
@@ -22,13 +24,17 @@ def _fmt_share(v: float) -> str:
     return "100%" if v == 1 else f"{100 * v:.3f}%"
 
 
-def render(results: list[dict], meta: dict) -> str:
-    lines = [
-        "# Conformance report",
-        "",
+def _header(meta: dict) -> str:
+    return (
         f"{meta['date']}; device {meta['device']}; torch {meta['torch']}; triton {meta['triton']}; "
-        f"{meta['cases']} cases per implementation ({meta['sweep']} drawn, seed {meta['seed']}); {meta['golden']}",
-        "",
+        f"{meta['cases']} cases per implementation ({meta['sweep']} drawn, seed {meta['seed']}); {meta['golden']}"
+    )
+
+
+def verdict_table(results: list[dict]) -> list[str]:
+    """One row per implementation, op and direction: the verdict (with its diagnosis where one explains every
+    element outside the model), the semantics and the counts."""
+    lines = [
         "| implementation | op | direction | verdict | semantics | elements | outside the model | not run |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -40,11 +46,36 @@ def render(results: list[dict], meta: dict) -> str:
                 lines.append(row)
                 continue
             verdict = EMPHASIZED.get(d["verdict"], d["verdict"])
+            if d.get("diagnosis"):
+                verdict += f" (diagnosis: {d['diagnosis']['name']})"
             sem = semantics_text(d)
             lines.append(
                 f"| `{r['impl']}` | {r['op']} | {direction} | {verdict} | {sem} | {d['elements']} | "
                 f"{d['outside_model']} | {len(d['not_run'])} |"
             )
+    return lines
+
+
+def summary(results: list[dict], meta: dict, report) -> str:
+    """What the command prints: the run, where the elements outside the model are (per implementation and
+    direction that has any), the cases not run, where the full report is, and the verdict table last."""
+    lines = [f"Conformance: {_header(meta)}"]
+    for r in results:
+        for direction in ("forward", "backward"):
+            d = r[direction]
+            if d is None or (not d["outside_model"] and not d["not_run"]):
+                continue
+            lines += ["", f"`{r['impl']}` {r['op']} {direction}: {d['verdict']}"]
+            lines += [f"  {line}" for line in violations.lines(d)]
+            if d["not_run"]:
+                statuses = sorted({n["status"] for n in d["not_run"]})
+                lines.append(f"  Not run: {len(d['not_run'])} cases ({', '.join(statuses)}; the report lists them)")
+    lines += ["", f"Full report: {report}", ""]
+    return "\n".join(lines + verdict_table(results)) + "\n"
+
+
+def render(results: list[dict], meta: dict) -> str:
+    lines = ["# Conformance report", "", _header(meta), "", *verdict_table(results)]
     named = {label for r in results for d in (r["forward"], r["backward"]) if d for label in _labels(d)}
     if named:
         lines += ["", "Semantics labels in this report:"]
@@ -74,6 +105,9 @@ def render(results: list[dict], meta: dict) -> str:
                 lines.append("```")
             bad = [c for c in d["cases"] if c["outside_model"]]
             if bad:
+                lines += ["", f"#### Where the elements outside the model are ({direction})", ""]
+                lines += violations.table(d)
+                lines.append("")
                 lines.append(
                     "Elements outside the model per case: "
                     + ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in bad)

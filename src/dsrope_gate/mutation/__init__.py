@@ -35,6 +35,8 @@ SEMANTICS = "src/dsrope_gate/semantics.py"
 JUDGING = "src/dsrope_gate/conformance/judging.py"
 CALLING = "src/dsrope_gate/conformance/calling.py"
 RENDER = "src/dsrope_gate/conformance/render.py"
+VIOLATIONS = "src/dsrope_gate/conformance/violations.py"
+DIAGNOSES = "src/dsrope_gate/diagnoses.py"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Mutants of the conformance command (src/dsrope_gate/conformance/): the verdict, not-run and partial
-handling, layout outcomes, writes into inputs, token-major detection, the --against comparison and the
-report's fields."""
+handling, layout outcomes, writes into inputs, token-major detection, the --against comparison, the
+report's fields, where the elements outside the model are (violations) and the named diagnosis
+(dsrope_gate.diagnoses)."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import CALLING, JUDGING, RENDER, mutant
+from dsrope_gate.mutation import CALLING, DIAGNOSES, JUDGING, RENDER, VIOLATIONS, mutant
 
 MUTANTS = [
     mutant(
@@ -176,8 +177,39 @@ MUTANTS = [
     mutant(
         "conformance.report_says_conforms",
         RENDER,
-        "render",
+        "verdict_table",
         "the report's verdict cell reads conforms for every verdict but 'does not conform'",
         ('.get(d["verdict"], d["verdict"])', '.get(d["verdict"], "conforms")'),
+    ),
+    mutant(
+        "conformance.violations_grouped_by_gradient_rows",
+        VIOLATIONS,
+        "of_case",
+        "a backward's elements outside the model are grouped by the magnitude of the gradient's rows, not x's",
+        (
+            "    rows = x_row_rms(p.inputs.x)\n",
+            '    rows = x_row_rms(p.inputs.x if direction == "forward" else p.inputs.grad)\n',
+        ),
+    ),
+    mutant(
+        "conformance.diagnosis_from_one_case",
+        VIOLATIONS,
+        "summarize",
+        "a diagnosis is named where it explains one case's elements outside the model, not every case's",
+        ('all(d.name in c["explained_by"] for c in bad)', 'any(d.name in c["explained_by"] for c in bad)'),
+    ),
+    mutant(
+        "conformance.underflow_rows_unchecked",
+        DIAGNOSES,
+        "rstd_cubed_underflows",
+        "the rstd^3 underflow explains elements in rows of any magnitude (only the flushed model is checked)",
+        ("    if not bool(underflow[outside].all()):\n        return False\n", ""),
+    ),
+    mutant(
+        "conformance.underflow_without_subnormal_resolution",
+        DIAGNOSES,
+        "rstd_cubed_underflows",
+        "the flushed model keeps r^3 exact to r's relative error: FP32's subnormal grid forgotten",
+        ("    slack = SUBNORMAL_STEP / 2 + 3 * delta * cubed\n", "    slack = 3 * delta * cubed\n"),
     ),
 ]

@@ -52,6 +52,7 @@ from pathlib import Path
 from dsrope_gate.mutation import (
     CALLING,
     CHECKS,
+    DIAGNOSES,
     JUDGING,
     PAIR_ROTATION,
     QNORM,
@@ -64,6 +65,7 @@ from dsrope_gate.mutation import (
     SEMANTICS,
     TILES,
     UTILS,
+    VIOLATIONS,
     Mutant,
     catalog_checks,
     catalog_conformance,
@@ -102,7 +104,9 @@ HOME = {
     SEMANTICS: ("test_semantics.py", "test_conformance.py"),
     JUDGING: ("test_conformance.py",),
     CALLING: ("test_conformance.py",),
-    RENDER: ("test_conformance.py",),
+    RENDER: ("test_conformance.py", "test_violations.py"),
+    VIOLATIONS: ("test_violations.py", "test_conformance.py"),
+    DIAGNOSES: ("test_violations.py",),
 }
 FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
