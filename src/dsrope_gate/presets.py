@@ -414,34 +414,36 @@ def megatron_preset():
     the trailing R channels of every head in place (interleaved pairs read, rotary_interleaved=False: their
     only mode), and writes each head's rotated pairs de-interleaved: the R/2 first members, then the R/2
     second ones (Megatron's attention pairs q with a k laid out the same way). Their tables are our pairs'
-    entries twice, cat((c, c)) and cat((s, s)), one row per position. The adapter calls it once per batch
-    element (their table has no batch dim) on a copy of x[b] in their [S, 1, H, D] layout, and interleaves the
-    rotated channels back into ours: a permutation, no arithmetic. The backward is theirs (their autograd
-    Function, their backward kernel), through that permutation. On CPU their autotuner gets its first config
-    (BLOCK_H = 1 head per program), a launch parameter: the interpreter has no benchmarker."""
+    entries twice, cat((c, c)) and cat((s, s)), one row per position, and have no batch dim: their kernel
+    reads row t // B of token t. The adapter makes one launch: a token-major copy of x as [B*S, 1, H, D]
+    (their batch of one), each token b*S + s reading row b*S + s of one [B*S, 1, 1, R] table that holds
+    the batch elements' tables one after the other; it interleaves the rotated channels back into ours, a
+    permutation, no arithmetic. The backward is theirs (their autograd Function, their backward kernel),
+    through that permutation. On CPU their autotuner gets its first config (BLOCK_H = 1 head per program),
+    a launch parameter: the interpreter has no benchmarker."""
     import torch
 
     module = _megatron_module()
     if not module.HAVE_TRITON:  # their module's own switch: below triton 3.4 without CUDA it defines no kernel
         raise Missing("megatron-core's module turns its Triton kernels off here (triton < 3.4 without CUDA)")
 
-    def their_tables(cos, sin, b):
-        c, s = _half(cos)[b], _half(sin)[b]
-        return torch.cat((c, c), -1)[:, None, None].contiguous(), torch.cat((s, s), -1)[:, None, None].contiguous()
+    def their_table(t, b, s, rotary):
+        half = _half(t)
+        return torch.cat((half, half), -1).expand(b, s, rotary).reshape(b * s, 1, 1, rotary).contiguous()
 
     def rotate(x, cos, sin, rotary):
         if not x.is_cuda:  # the interpreter has no benchmarker for their autotuner: its first config only
             for kernel in (module.rotary_fwd_q_kernel, module.rotary_bwd_q_kernel):
                 kernel.configs = kernel.configs[:1]
-        d = x.shape[-1]
-        out = []
-        for b in range(x.shape[0]):
-            t = x[b].transpose(0, 1)[:, None].clone(memory_format=torch.contiguous_format)  # [S, 1, H, D]
-            t = module.fused_apply_mla_rope_for_q(t, *their_tables(cos, sin, b), d - rotary, rotary)
-            first, second = t[..., d - rotary : d - rotary // 2], t[..., d - rotary // 2 :]
-            rotated = torch.stack((first, second), -1).flatten(-2)
-            out.append(torch.cat((t[..., : d - rotary], rotated), -1)[:, 0].transpose(0, 1))
-        return torch.stack(out) if out else x.clone()
+        b, h, s, d = x.shape
+        # a new tensor (their kernel writes into it), keeping x's autograd history
+        t = x.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(b * s, 1, h, d)
+        t = module.fused_apply_mla_rope_for_q(
+            t, their_table(cos, b, s, rotary), their_table(sin, b, s, rotary), d - rotary, rotary
+        )
+        first, second = t[..., d - rotary : d - rotary // 2], t[..., d - rotary // 2 :]
+        rotated = torch.stack((first, second), -1).flatten(-2)
+        return torch.cat((t[..., : d - rotary], rotated), -1).view(b, s, h, d).transpose(1, 2)
 
     return [Implementation("megatron-core:fused_apply_mla_rope_for_q", PARTIAL_ROPE, rotate)]
 
