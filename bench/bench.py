@@ -453,8 +453,9 @@ def fwd_bwd(out, shapes, versions, names):
             print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
         del x, cos, sin
         torch.cuda.empty_cache()
-    write_csv(out / "fwd_bwd.csv", rows)
-    (out / "fwd_bwd.md").write_text(peer_timing.markdown(rows, meta))
+        # after every shape: a run cut by its timeout still leaves the rows it timed
+        write_csv(out / "fwd_bwd.csv", rows)
+        (out / "fwd_bwd.md").write_text(peer_timing.markdown(rows, meta))
 
 
 def fwd_bwd_row(impl, x, cos, sin, peer_timing):
