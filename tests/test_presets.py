@@ -8,8 +8,8 @@ megatron-core (its Triton kernels in the interpreter, triton >= 3.4). veomni and
 their kernels (their device helpers have no CPU form): the H200 judges them. The controls (dsrope, the
 eager chain) are held to the contract by tests/test_conformance.py. The `tests` session installs the pinned
 releases (noxfile.py) and megatron-core's module is fetched at first use (DSROPE_PEERS_CACHE); without
-one, its expectations are skipped with the command that installs it. One test per preset, so that xdist
-spreads them (each judges its preset on every case of `examples=2`, tens of seconds in the interpreter).
+one, its expectations are skipped with the command that installs it. One test per implementation, so that
+xdist spreads them (each judges one on every case of `examples=2`: 10-70 s in the interpreter).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pytest
 
 from dsrope_gate import conformance, presets
 from dsrope_gate.inputs import ON_GPU
-from dsrope_gate.ops import JUDGED
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU expectations; the H200's are in docs/conformance.md")
 
@@ -52,35 +51,34 @@ EXPECTED = {
 }
 
 
-def judged(preset):
-    """The conformance results of `preset`'s implementations on CPU, by name (skips where it does not load)."""
+def loaded_preset(preset):
     skipped = []
     loaded = presets.load([preset], "cpu", None, skipped.append)
     if not loaded:
         pytest.skip("; ".join(skipped) or f"{preset} did not load")
-    results = {}
-    for op in JUDGED.values():
-        impls = [(impl.name, impl.fn) for impl in loaded if impl.op is op]
-        if impls:
-            found, _ = conformance.run(op, impls, "cpu", examples=2, progress=lambda msg: None)
-            results |= {r["impl"]: r for r in found}
-    return results
+    return loaded
 
 
 @pytest.mark.parametrize("preset", list(EXPECTED))
-def test_peer_verdicts_and_semantics(preset):
-    results = judged(preset)
-    assert sorted(results) == sorted(EXPECTED[preset]), f"{preset}: its implementations changed"
-    for name, (forward, backward) in EXPECTED[preset].items():
-        r = results[name]
-        got = (r["forward"]["verdict"], r["forward"]["semantics"])
-        assert got == forward, f"{name} forward: expected {forward}, the pinned release gives {got}"
-        if backward is None:
-            assert r["backward"] is None, f"{name}: a backward appeared (its output now carries a grad_fn)"
-        else:
-            got = (r["backward"]["verdict"], r["backward"]["semantics"])
-            assert got == backward, f"{name} backward: expected {backward}, the pinned release gives {got}"
-        assert r["forward"]["writes_into_input"] == [], f"{name}: the adapter let it write into the caller's input"
+def test_every_implementation_of_a_peer_is_pinned(preset):
+    assert sorted(impl.name for impl in loaded_preset(preset)) == sorted(EXPECTED[preset])
+
+
+@pytest.mark.parametrize(("preset", "name"), [(p, n) for p, names in EXPECTED.items() for n in names])
+def test_peer_verdicts_and_semantics(preset, name):
+    found = [impl for impl in loaded_preset(preset) if impl.name == name]
+    assert len(found) == 1, f"{preset} no longer has {name}"
+    impl = found[0]
+    (r,), _ = conformance.run(impl.op, [(name, impl.fn)], "cpu", examples=2, progress=lambda msg: None)
+    forward, backward = EXPECTED[preset][name]
+    got = (r["forward"]["verdict"], r["forward"]["semantics"])
+    assert got == forward, f"{name} forward: expected {forward}, the pinned release gives {got}"
+    if backward is None:
+        assert r["backward"] is None, f"{name}: a backward appeared (its output now carries a grad_fn)"
+    else:
+        got = (r["backward"]["verdict"], r["backward"]["semantics"])
+        assert got == backward, f"{name} backward: expected {backward}, the pinned release gives {got}"
+    assert r["forward"]["writes_into_input"] == [], f"{name}: the adapter let it write into the caller's input"
 
 
 @pytest.mark.parametrize("preset", list(presets.PRESETS))
@@ -91,10 +89,7 @@ def test_backward_is_declared_where_the_output_carries_a_grad_fn(preset):
 
     from dsrope_gate.inputs import tables, values
 
-    skipped = []
-    loaded = presets.load([preset], "cpu", None, skipped.append)
-    if not loaded:
-        pytest.skip("; ".join(skipped) or f"{preset} did not load")
+    loaded = loaded_preset(preset)
     x = values((1, 2, 3, 96), torch.bfloat16, 0).requires_grad_()
     cos, sin = tables(1, 3, 64, 0, per_batch=True, device="cpu")
     ran = 0
