@@ -20,6 +20,14 @@ Each the median of `DECODE_SAMPLES` such measurements. Writes decode.csv and dec
     python -m bench.bench --out out/bench            # everything: prefill and decode rows
     python -m bench.bench --decode                   # the decode rows only
     python -m bench.bench --quick [--decode]         # one shape, for a smoke run
+
+Peers (dsrope_gate.presets): `--peers [NAMES]` times them forward beside ours (in-place table, prefill and
+decode; `--decode` the decode rows only: one call of each peer per timed call). `--backward [--peers
+[NAMES]]`: forward+backward rows of ours, the eager chain and the named peers (token-major x, one
+autograd.grad per timed call), cells saying why where a row is not timed (dsrope_gate.peer_timing).
+
+    python -m bench.bench --backward --peers         # forward+backward: every preset
+    python -m bench.bench --decode --peers           # decode rows of ours and every peer
 """
 
 from __future__ import annotations
@@ -144,6 +152,7 @@ def main():
     ap.add_argument("--decode", action="store_true", help="only the decode rows (S=1)")
     ap.add_argument("--impls", default="triton,eager,compile")
     ap.add_argument("--inplace", action="store_true", help="only the in-place partial RoPE rows (and --peers')")
+    ap.add_argument("--backward", action="store_true", help="forward+backward rows of ours, eager and --peers")
     ap.add_argument(
         "--peers", nargs="?", const="all", default="",
         help="also time the presets that run on CUDA (in-place table): all, or names joined by commas",
@@ -153,10 +162,13 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     gpu = torch.cuda.get_device_name()
     versions = f"{datetime.date.today()}, {gpu}, torch {torch.__version__}, triton {triton.__version__}"
+    if args.backward:
+        fwd_bwd(out, [(1, 64, 4096)] if args.quick else SHAPES, versions, args.peers.split(",") if args.peers else [])
+        return
     if args.inplace or args.peers:
         peers = peer_impls(args.peers.split(",")) if args.peers else []
-        inplace(out, [(1, 64, 4096)] if args.quick else SHAPES, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES,
-                versions, peers)  # fmt: skip
+        prefill_shapes = [] if args.decode else [(1, 64, 4096)] if args.quick else SHAPES
+        inplace(out, prefill_shapes, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES, versions, peers)
         return
     if not args.decode:
         prefill(out, args.impls.split(","), [(1, 64, 4096)] if args.quick else SHAPES, versions)
@@ -336,9 +348,11 @@ def inplace(out, shapes, decode_shapes, versions, peers):
     (moves R), each peer's (theirs in place move R); Q norm + RoPE ours and each peer's (D). Every
     implementation gets both layouts (a peer that copies a layout it does not take pays for it: that is
     its cost on that layout); GB/s and share of copy on each one's bytes. A peer's adapter that runs an
-    in-place function on a copy (sglang, flash-attn) times the copy too: see docs/perf.md."""
-    copy = copy_bandwidth()
-    meta = f"{versions}, copy bandwidth {copy / 1e9:.0f} GB/s (read+write); forward, no gradient"
+    in-place function on a copy (sglang, flash-attn) times the copy too: see docs/perf.md. No `shapes`: the
+    decode rows only."""
+    copy = copy_bandwidth() if shapes else float("nan")
+    bandwidth = f", copy bandwidth {copy / 1e9:.0f} GB/s (read+write)" if shapes else ""
+    meta = f"{versions}{bandwidth}; forward, no gradient"
     print(meta, flush=True)
     rows = []
     impls = {
@@ -397,10 +411,16 @@ def inplace(out, shapes, decode_shapes, versions, peers):
                     row = dict(impl=name, B=b, H=h, S=1, us=float("nan"), graph_us=float("nan"))
                 decode_rows.append(row)
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    write_csv(out / "inplace.csv", rows)
+    if rows:
+        write_csv(out / "inplace.csv", rows)
     write_csv(out / "inplace_decode.csv", decode_rows)
-    lines = [f"Measured {meta}.", "", "| impl | B | H | S | layout | ms | bytes moved | GB/s | of copy |"]
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines = [f"Measured {meta}."]
+    if rows:
+        lines += [
+            "",
+            "| impl | B | H | S | layout | ms | bytes moved | GB/s | of copy |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for r in rows:
         lines.append(
             f"| {r['impl']} | {r['B']} | {r['H']} | {r['S']} | {r['layout']} | {r['ms']:.4f} | {r['bytes']} | "
@@ -411,6 +431,47 @@ def inplace(out, shapes, decode_shapes, versions, peers):
     for r in decode_rows:
         lines.append(f"| {r['impl']} | {r['B']} | {r['H']} | {r['us']:.2f} | {r['graph_us']:.2f} |")
     (out / "inplace.md").write_text("\n".join(lines) + "\n")
+
+
+# --- forward+backward of ours, the eager chain and the peers (issue 34) --------------------------------
+
+
+def fwd_bwd(out, shapes, versions, names):
+    """One forward and its autograd.grad per timed call (_time_one's forward+backward), token-major x, for
+    every implementation of the presets dsrope, eager-chain and `names`; where one is not timed its cell
+    says why (dsrope_gate.peer_timing). Writes fwd_bwd.csv and fwd_bwd.md."""
+    from dsrope_gate import peer_timing, presets
+
+    impls = presets.load(["dsrope", "eager-chain", *names], "cuda", None, lambda msg: print(msg, flush=True))
+    meta = f"{versions}; forward+backward, token-major x, the median of do_bench (ms)"
+    print(meta, flush=True)
+    rows = []
+    for b, h, s in shapes:
+        x, cos, sin = make_inputs(b, h, s, "token_major")
+        for impl in impls:
+            rows.append(fwd_bwd_row(impl, x, cos, sin, peer_timing))
+            print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)
+        del x, cos, sin
+        torch.cuda.empty_cache()
+        # after every shape: a run cut by its timeout still leaves the rows it timed
+        write_csv(out / "fwd_bwd.csv", rows)
+        (out / "fwd_bwd.md").write_text(peer_timing.markdown(rows, meta))
+
+
+def fwd_bwd_row(impl, x, cos, sin, peer_timing):
+    b, h, s, _ = x.shape
+    args = (impl.op.name, b, h, s, impl.name)
+    marker = peer_timing.not_run(impl, x.numel())
+    if marker:
+        return peer_timing.row(*args, marker=marker)
+    extra = (R, EPS) if impl.op is QNORM_ROPE else (R,)
+    try:
+        return peer_timing.row(
+            *args, ms=_time_one(lambda x, c, s: impl.fn(x, c, s, *extra), x, cos, sin, "forward+backward")
+        )
+    except Exception as e:  # out of memory, a refused shape: a cell saying so, the other rows go on
+        torch.cuda.empty_cache()
+        return peer_timing.row(*args, marker=peer_timing.FAILED, error=f"{type(e).__name__}: {e}"[:200])
 
 
 def write_csv(path, rows):

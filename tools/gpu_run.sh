@@ -53,6 +53,15 @@ for phase in "$@"; do
       timeout 300 python3 -m dsrope_gate.conformance --preset all --device cuda --examples 12 --json "$OUT/conformance.json" --out "$OUT/conformance" > "$OUT/conformance.log" 2>&1; echo "conformance rc $?"
       tail -5 "$OUT/conformance.log"
       timeout 280 python3 -m bench.bench --peers --out "$OUT/bench-peers"; echo "bench-peers rc $?" ;;
+    # issue 34 item 4: forward+backward rows of ours, the eager chain and every preset with a backward, then
+    # the decode rows of every peer (one call each per timed call; flash-attn one launch with seqlen_offsets)
+    bench-peers)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 130 python3 -m bench.bench --backward --peers --out "$OUT/bench-fwd-bwd" > "$OUT/fwd_bwd.log" 2>&1
+      echo "bench --backward rc $?"; grep -v "^op=" "$OUT/fwd_bwd.log" | tail -8; rm -f "$OUT/bench-fwd-bwd/fwd_bwd.csv"
+      timeout 100 python3 -m bench.bench --decode --peers --out "$OUT/bench-decode-peers" > "$OUT/decode_peers.log" 2>&1
+      echo "bench --decode --peers rc $?"; tail -4 "$OUT/decode_peers.log"; rm -f "$OUT/bench-decode-peers/inplace_decode.csv" ;;
     # issue 34: the parity matrix of every preset on CUDA (the peers carried in .whl/peers, as for `peers`)
     parity)
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl

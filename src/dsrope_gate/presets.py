@@ -57,6 +57,11 @@ class Implementation:
         rotary channels of x rotated, nothing copied;
     prepare_in_place(x, cos, sin, rotary) -> call: their in-place function alone, with its arguments (tables
         in their convention) made beforehand: call() is what a user holding such tables would run.
+
+    And what it is, for the benchmark's tables: `backward`, how fn's result gets its gradient (None: forward
+    only, the result carries no grad_fn; tests/test_presets.py holds each to that); `offsets_32bit`, whether
+    their kernel forms element offsets in 32 bits (program id times a stride), so that past 2**31 elements
+    it addresses wrong memory: the benchmark does not run it there (a fault poisons the CUDA context).
     """
 
     name: str
@@ -64,6 +69,8 @@ class Implementation:
     fn: Callable
     in_place: Callable | None = None
     prepare_in_place: Callable | None = None
+    backward: str | None = None
+    offsets_32bit: bool = False
 
 
 class Missing(Exception):
@@ -105,17 +112,23 @@ def dsrope_preset():
         y = x.transpose(1, 2).clone(memory_format=torch.contiguous_format).transpose(1, 2)
         return dsrope.apply_partial_rope_triton_(y, cos, sin, rotary)
 
+    ours = "dsrope's Triton backward kernel (its custom op's autograd)"
     return [
-        Implementation("dsrope:qnorm_rope_triton", QNORM_ROPE, dsrope.qnorm_rope_triton),
-        Implementation("dsrope:apply_partial_rope_triton", PARTIAL_ROPE, dsrope.apply_partial_rope_triton),
-        Implementation("dsrope:apply_partial_rope_triton_", PARTIAL_ROPE, in_place_on_copy),
+        Implementation("dsrope:qnorm_rope_triton", QNORM_ROPE, dsrope.qnorm_rope_triton, backward=ours),
+        Implementation(
+            "dsrope:apply_partial_rope_triton", PARTIAL_ROPE, dsrope.apply_partial_rope_triton, backward=ours
+        ),
+        Implementation(
+            "dsrope:apply_partial_rope_triton_", PARTIAL_ROPE, in_place_on_copy, backward=f"{ours}, through the copy"
+        ),
     ]
 
 
 def eager_chain_preset():
+    autograd = "autograd through the torch ops"
     return [
-        Implementation("eager-chain:F.rms_norm+fp32-rotation", QNORM_ROPE, QNORM_ROPE.eager),
-        Implementation("eager-chain:fp32-rotation", PARTIAL_ROPE, PARTIAL_ROPE.eager),
+        Implementation("eager-chain:F.rms_norm+fp32-rotation", QNORM_ROPE, QNORM_ROPE.eager, backward=autograd),
+        Implementation("eager-chain:fp32-rotation", PARTIAL_ROPE, PARTIAL_ROPE.eager, backward=autograd),
     ]
 
 
@@ -135,10 +148,14 @@ def transformers_preset():
     def qnorm_rotate(x, cos, sin, rotary, eps):
         return m.apply_rotary_pos_emb(m.DeepseekV4UnweightedRMSNorm(eps)(x), _half(cos), _half(sin), unsqueeze_dim=1)
 
+    autograd = "autograd through their eager torch ops"
     return [
-        Implementation("transformers:apply_rotary_pos_emb", PARTIAL_ROPE, rotate),
-        Implementation("transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb", QNORM_ROPE, qnorm_rotate),
-    ]
+        Implementation("transformers:apply_rotary_pos_emb", PARTIAL_ROPE, rotate, backward=autograd),
+        Implementation(
+            "transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb", QNORM_ROPE, qnorm_rotate,
+            backward=autograd,
+        ),
+    ]  # fmt: skip
 
 
 # --- veomni: ops/kernels/rotary/triton_deepseek_v4.py (Triton, with backward) --------------------------------
@@ -156,7 +173,12 @@ def veomni_preset():
             return module.apply_rotary_pos_emb_triton(x, _half(cos), _half(sin), unsqueeze_dim=1)
         return module._ApplyRotaryPosEmbTriton.apply(x, _half(cos), _half(sin))
 
-    return [Implementation("veomni:apply_rotary_pos_emb_triton", PARTIAL_ROPE, rotate)]
+    return [
+        Implementation(
+            "veomni:apply_rotary_pos_emb_triton", PARTIAL_ROPE, rotate,
+            backward="their autograd Function: their Triton backward kernel", offsets_32bit=True,
+        )
+    ]  # fmt: skip
 
 
 # --- sglang: kernels/ops/attention/dsv4/rope.py (Triton, in place, forward only) -------------------------------
@@ -214,8 +236,8 @@ def sglang_preset():
         return y.transpose(1, 2)
 
     return [
-        Implementation("sglang:apply_rotary_emb_triton", PARTIAL_ROPE, rotate, in_place=in_place),
-        Implementation("sglang:fused_norm_rope_inplace_triton", QNORM_ROPE, qnorm_rotate),
+        Implementation("sglang:apply_rotary_emb_triton", PARTIAL_ROPE, rotate, in_place=in_place, offsets_32bit=True),
+        Implementation("sglang:fused_norm_rope_inplace_triton", QNORM_ROPE, qnorm_rotate, offsets_32bit=True),
     ]
 
 
@@ -247,7 +269,7 @@ def sglang_batched_preset():
             module.set_batched_rope(False)
         return y.transpose(1, 2)
 
-    return [Implementation("sglang:apply_rotary_emb_triton(batched)", PARTIAL_ROPE, rotate)]
+    return [Implementation("sglang:apply_rotary_emb_triton(batched)", PARTIAL_ROPE, rotate, offsets_32bit=True)]
 
 
 # --- nemo-automodel: common/rope_triton.py and the DeepSeek-V4 eager q path -----------------------------------
@@ -273,9 +295,16 @@ def nemo_preset():
         return layers._apply_partial_rope(layers._rms_norm_last_dim(x, eps), cos, sin, rotary)
 
     return [
-        Implementation("nemo-automodel:apply_complex_rope", PARTIAL_ROPE, rotate),
-        Implementation("nemo-automodel:deepseek_v4.q_norm+_apply_partial_rope", QNORM_ROPE, qnorm_rotate),
-    ]
+        Implementation(
+            "nemo-automodel:apply_complex_rope", PARTIAL_ROPE, rotate,
+            backward="their autograd Function on CUDA (their Triton kernel rotating the gradient by the conjugate); "
+            "autograd through their eager path elsewhere",
+        ),
+        Implementation(
+            "nemo-automodel:deepseek_v4.q_norm+_apply_partial_rope", QNORM_ROPE, qnorm_rotate,
+            backward="autograd through their eager torch ops",
+        ),
+    ]  # fmt: skip
 
 
 # --- flash-attn: ops/triton/rotary.py apply_rotary (Triton, in place, leading channels) -------------------------
@@ -341,7 +370,13 @@ def flash_attn_preset():
         rotary_slice = x.transpose(1, 2)[..., x.shape[-1] - rotary :]
         return lambda: module.apply_rotary(rotary_slice, c, s, seqlen_offsets=offsets, interleaved=True, inplace=True)
 
-    return [Implementation("flash-attn:apply_rotary", PARTIAL_ROPE, rotate, prepare_in_place=prepare_in_place)]
+    return [
+        Implementation(
+            "flash-attn:apply_rotary", PARTIAL_ROPE, rotate, prepare_in_place=prepare_in_place,
+            backward="the adapter's autograd Function: their kernel with conjugate=True on the gradient",
+            offsets_32bit=True,
+        )
+    ]  # fmt: skip
 
 
 def fetch_flash_attn(cache: Path) -> None:
@@ -414,36 +449,44 @@ def megatron_preset():
     the trailing R channels of every head in place (interleaved pairs read, rotary_interleaved=False: their
     only mode), and writes each head's rotated pairs de-interleaved: the R/2 first members, then the R/2
     second ones (Megatron's attention pairs q with a k laid out the same way). Their tables are our pairs'
-    entries twice, cat((c, c)) and cat((s, s)), one row per position. The adapter calls it once per batch
-    element (their table has no batch dim) on a copy of x[b] in their [S, 1, H, D] layout, and interleaves the
-    rotated channels back into ours: a permutation, no arithmetic. The backward is theirs (their autograd
-    Function, their backward kernel), through that permutation. On CPU their autotuner gets its first config
-    (BLOCK_H = 1 head per program), a launch parameter: the interpreter has no benchmarker."""
+    entries twice, cat((c, c)) and cat((s, s)), one row per position, and have no batch dim: their kernel
+    reads row t // B of token t. The adapter makes one launch: a token-major copy of x as [B*S, 1, H, D]
+    (their batch of one), each token b*S + s reading row b*S + s of one [B*S, 1, 1, R] table that holds
+    the batch elements' tables one after the other; it interleaves the rotated channels back into ours, a
+    permutation, no arithmetic. The backward is theirs (their autograd Function, their backward kernel),
+    through that permutation. On CPU their autotuner gets its first config (BLOCK_H = 1 head per program),
+    a launch parameter: the interpreter has no benchmarker."""
     import torch
 
     module = _megatron_module()
     if not module.HAVE_TRITON:  # their module's own switch: below triton 3.4 without CUDA it defines no kernel
         raise Missing("megatron-core's module turns its Triton kernels off here (triton < 3.4 without CUDA)")
 
-    def their_tables(cos, sin, b):
-        c, s = _half(cos)[b], _half(sin)[b]
-        return torch.cat((c, c), -1)[:, None, None].contiguous(), torch.cat((s, s), -1)[:, None, None].contiguous()
+    def their_table(t, b, s, rotary):
+        half = _half(t)
+        return torch.cat((half, half), -1).expand(b, s, rotary).reshape(b * s, 1, 1, rotary).contiguous()
 
     def rotate(x, cos, sin, rotary):
         if not x.is_cuda:  # the interpreter has no benchmarker for their autotuner: its first config only
             for kernel in (module.rotary_fwd_q_kernel, module.rotary_bwd_q_kernel):
                 kernel.configs = kernel.configs[:1]
-        d = x.shape[-1]
-        out = []
-        for b in range(x.shape[0]):
-            t = x[b].transpose(0, 1)[:, None].clone(memory_format=torch.contiguous_format)  # [S, 1, H, D]
-            t = module.fused_apply_mla_rope_for_q(t, *their_tables(cos, sin, b), d - rotary, rotary)
-            first, second = t[..., d - rotary : d - rotary // 2], t[..., d - rotary // 2 :]
-            rotated = torch.stack((first, second), -1).flatten(-2)
-            out.append(torch.cat((t[..., : d - rotary], rotated), -1)[:, 0].transpose(0, 1))
-        return torch.stack(out) if out else x.clone()
+        b, h, s, d = x.shape
+        # a new tensor (their kernel writes into it), keeping x's autograd history
+        t = x.transpose(1, 2).clone(memory_format=torch.contiguous_format).view(b * s, 1, h, d)
+        t = module.fused_apply_mla_rope_for_q(
+            t, their_table(cos, b, s, rotary), their_table(sin, b, s, rotary), d - rotary, rotary
+        )
+        first, second = t[..., d - rotary : d - rotary // 2], t[..., d - rotary // 2 :]
+        rotated = torch.stack((first, second), -1).flatten(-2)
+        return torch.cat((t[..., : d - rotary], rotated), -1).view(b, s, h, d).transpose(1, 2)
 
-    return [Implementation("megatron-core:fused_apply_mla_rope_for_q", PARTIAL_ROPE, rotate)]
+    return [
+        Implementation(
+            "megatron-core:fused_apply_mla_rope_for_q", PARTIAL_ROPE, rotate,
+            backward="their autograd Function: their Triton backward kernel, through the adapter's permutation",
+            offsets_32bit=True,
+        )
+    ]  # fmt: skip
 
 
 # --- the registry --------------------------------------------------------------------------------------------
