@@ -19,8 +19,8 @@ def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
 
     The interpreter pays per program: big blocks on CPU. On the H200 small programs won
-    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 1024 x 1 warp for partial
-    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward. The dict is shared between
+    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 2048 x 1 for the QNorm forward,
+    1024 x 2 for its backward; partial RoPE's is rope.ROTATE_ELEMENTS. The dict is shared between
     calls: read it, never change it.
     """
     block = next_pow2(dim)
@@ -29,26 +29,25 @@ def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     return dict(M=max(1, elements // block), BLOCK=block, num_warps=warps if block <= 1024 else max(warps, 4))
 
 
-@functools.cache
-def _programs_wanted(device_index: int) -> int:
-    return 2 * torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
-    """`config` with fewer rows per program where there are too few rows to give every SM two
-    programs (decode: S = 1, B * H rows), for partial RoPE: the smallest launches are latency-bound.
-    Each output element is computed by the same instructions for any M (no reduction), so the bits
-    do not change. Not for the QNorm kernels: there M changes a row's sum of squares in the last bit
-    on some rows (on the H200 one row per program gave rstd 1 ulp apart on rows of the huge-fp16 and
-    huge-fp32 goldens, docs/gpu-runs.md), and a row's result must not depend on how many rows share
-    its launch. BLOCK >= 256 only (the decode geometry, D = 512), where it was measured."""
+def spread_rows(config: dict, rows: int) -> dict:
+    """`config` with fewer rows per program where the rows are too few to give a launch SPREAD_PROGRAMS
+    programs (decode: S = 1, B * H rows), halving M down to 1: the smallest launches are latency-bound.
+    For partial RoPE only: each output element is computed by the same instructions for any M (no
+    reduction), so the bits do not change. Not for the QNorm kernels: there M changes a row's sum of
+    squares in the last bit on some rows (on the H200 one row per program gave rstd 1 ulp apart on rows
+    of the huge-fp16 and huge-fp32 goldens, docs/gpu-runs.md), and a row's result must not depend on how
+    many rows share its launch. SPREAD_PROGRAMS is provisional, to be chosen by the H200 decode sweep
+    (tools/sweep.py --kernels rope --decode; the rule before the split rotation gave every SM two
+    programs, measured for that form: docs/perf.md)."""
     m = config["M"]
-    if INTERPRET or config["BLOCK"] < 256 or rows >= m * _programs_wanted(device.index):
+    if INTERPRET:
         return config
-    per_program = max(1, rows // _programs_wanted(device.index))
-    while m > per_program:
+    while m > 1 and (rows + m - 1) // m < SPREAD_PROGRAMS:
         m //= 2
-    return {**config, "M": m}
+    return config if m == config["M"] else {**config, "M": m}
+
+
+SPREAD_PROGRAMS = 64
 
 
 def token_major_empty(x: torch.Tensor) -> torch.Tensor:
