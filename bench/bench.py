@@ -31,6 +31,7 @@ import argparse
 import csv
 import datetime
 import functools
+import math
 import statistics
 import time
 from pathlib import Path
@@ -166,7 +167,7 @@ def main():
     if not args.decode:
         rows = prefill(out, args.impls.split(","), [(1, 64, 4096)] if args.quick else SHAPES, versions)
         targets += [t for row in rows for t in perf_targets.prefill_targets(row)]
-    rows = decode(out, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES, versions)
+    rows = decode(out, DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES, versions, args.impls.split(","))
     targets += [t for row in rows for t in perf_targets.decode_targets(row)]
     return check_targets(out, targets, args.no_fail)
 
@@ -289,17 +290,17 @@ def per_replayed_call_us(fn) -> float:
     return statistics.median(replayed_call_samples(fn))
 
 
-def decode_row(kernel, b, h):
+def decode_row(kernel, b, h, impls=("triton", "eager", "compile")):
     x, cos, sin = decode_inputs(b, h)
     y = torch.empty_like(x)
-    fns = {i: functools.partial(IMPLS[kernel][i], x, cos, sin) for i in ("triton", "eager", "compile")}
+    fns = {i: functools.partial(IMPLS[kernel][i], x, cos, sin) for i in ("triton", "eager", "compile") if i in impls}
     fns["copy"] = functools.partial(y.copy_, x)
     for fn in fns.values():  # compile and warm everything before timing
         fn()
     row = dict(kernel=kernel, B=b, H=h, S=1)
     row |= {f"{i}_us": per_call_us(fn) for i, fn in fns.items()}
     row |= {f"{i}_graph_us": per_replayed_call_us(fn) for i, fn in fns.items()}
-    row["ours_vs_compile"] = row["triton_us"] / row["compile_us"]
+    row["ours_vs_compile"] = row["triton_us"] / row["compile_us"] if "compile" in fns else float("nan")
     row["ours_vs_copy_graph"] = row["triton_graph_us"] / row["copy_graph_us"]
     if kernel == "partial_rope":
         row |= inplace_decode_times(x, cos, sin)
@@ -322,7 +323,7 @@ def inplace_decode_times(x, cos, sin) -> dict:
     return times
 
 
-def decode(out, shapes, versions):
+def decode(out, shapes, versions, impls):
     meta = (
         f"{versions}; decode rows: forward without gradient, per-call wall time in us "
         f"({DECODE_CALLS} calls x {DECODE_SAMPLES} samples, median)"
@@ -332,7 +333,7 @@ def decode(out, shapes, versions):
     with torch.no_grad():
         for b, h in shapes:
             for kernel in ("qnorm_rope", "partial_rope"):
-                rows.append(decode_row(kernel, b, h))
+                rows.append(decode_row(kernel, b, h, impls))
                 print(
                     " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
                     flush=True,
@@ -474,9 +475,10 @@ def write_decode_markdown(path, rows, meta):
     ]
     lines = [f"Measured {meta}.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["kernel"], r["B"], r["H"]] + [f"{r[f'{i}_us']:.1f}" for i in ("triton", "eager", "compile", "copy")]
+        times = ("triton", "eager", "compile", "copy")  # "nan": an implementation not timed (--impls)
+        cells = [r["kernel"], r["B"], r["H"]] + [f"{r.get(f'{i}_us', math.nan):.1f}" for i in times]
         cells += [f"{r['ours_vs_compile']:.2f}"]
-        cells += [f"{r[f'{i}_graph_us']:.2f}" for i in ("triton", "eager", "compile", "copy")]
+        cells += [f"{r.get(f'{i}_graph_us', math.nan):.2f}" for i in times]
         cells += [
             f"{r['ours_vs_copy_graph']:.2f}",
             f"{r['inplace_vs_copy_graph']:.2f}" if "inplace_graph_us" in r else "-",

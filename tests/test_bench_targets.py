@@ -77,3 +77,9 @@ def test_not_measured_is_missed_and_the_summary_counts_it():
     lines = perf_targets.table(targets)
     assert lines[2].endswith("| not measured | MISSED |") and lines[3].endswith("| 0.970 |  |")
     assert perf_targets.summary(targets).splitlines()[0] == "targets: 1 of 2 met, 1 MISSED"
+
+
+def test_no_compile_target_where_torch_compile_was_not_timed():
+    row = decode_row("qnorm_rope", 1, 64)
+    del row["compile_us"]
+    assert [t.what.split(" ")[2] for t in perf_targets.decode_targets(row)] == ["copy_,"]
