@@ -10,7 +10,8 @@ device. Two comparisons:
   `own * cs + t`, the compiler's choice of which product to fuse (dsrope.pair_rotation.rotate_lane);
 - `--against SRC`: the kernels as committed against those of another tree's src/ folder (an older commit,
   e.g. `git worktree add /tmp/old <rev>`, then `--against /tmp/old/src`): a refactor of the kernels
-  (renamed variables) must leave every specialization's PTX as it was.
+  (renamed variables) must leave every specialization's PTX as it was (same kernel signatures: the
+  split `_rotate` takes RBLOCK, the one before it did not).
 - `--form`: no comparison; every specialization's PTX must compute the rotation as rotate_lane writes it,
   fma(own, cos, rn(+-partner * sin)): each f32 fma's addend is an f32 `mul` (rounded: ptxas does not
   contract a product into another fma's addend) of the pair partner, the first factor of another of the

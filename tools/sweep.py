@@ -11,7 +11,11 @@ warps) calls.
     python -m tools.sweep --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
-version with the same kernel signatures, at its own config) in the same run, for an A/B comparison.
+version, at its own config) in the same run, for an A/B comparison; its `_rotate` is the one-tile form
+before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
+sweep_baseline/old_rope.py; git show 3e8890d:src/dsrope/qnorm_rope.py > sweep_baseline/old_qnorm_rope.py`.
+
+    python -m tools.sweep --kernels rope --decode [--baseline DIR]   # also the decode rows (graph replay)
 """
 
 from __future__ import annotations
