@@ -144,7 +144,8 @@ def test_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
     from dsrope.tiles import spread_rows, tile_config
 
     rows = batch * 64
-    assert spread_rows(tile_config(dim, 1024), rows, torch.device(DEVICE))["M"] < tile_config(dim, 1024)["M"]
+    prefill_m = tile_config(dim, dsrope.rope.ROTATE_ELEMENTS)["M"]
+    assert spread_rows(tile_config(dim, dsrope.rope.ROTATE_ELEMENTS), rows, torch.device(DEVICE))["M"] < prefill_m
     g = torch.Generator(device=DEVICE).manual_seed(8)
     x = (torch.randn(batch, 1, 64, dim, device=DEVICE, generator=g) * 3).to(dtype).transpose(1, 2)
     cos, sin = tables(batch, 1, ROTARY, seed=9)

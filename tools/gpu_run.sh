@@ -96,6 +96,33 @@ for phase in "$@"; do
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
       export DSROPE_PEERS_CACHE=$PWD/.whl/peers
       timeout 280 python3 -m bench.bench --inplace --peers flash-attn,sglang --out "$OUT/bench-inplace"; echo "bench-inplace rc $?" ;;
+    # issue 36: the split partial RoPE kernel at decode. In parallel (nothing timed): the H200 snapshot
+    # recorded into a copy of golden/ and its tensors byte-compared with the committed one (the bits must
+    # not move), and the GPU tests of rope; then, the GPU otherwise idle, the decode bench rows with their
+    # targets (--no-fail: a miss is reported, not fatal) and the decode sweep of the out-of-place kernel
+    # (the earlier kernel from sweep_baseline/ if present). About 250 s.
+    decode-dev)
+      rm -rf /tmp/golden-copy && cp -r golden /tmp/golden-copy
+      (timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/golden-copy > "$OUT/g.log" 2>&1
+       echo "snapshot rc $?" >> "$OUT/g.log"
+       for f in golden/snapshots/nvidia-h200-*.safetensors; do
+         echo "$f:"; cmp "$f" "/tmp/golden-copy/snapshots/${f##*/}"; echo "snapshot-bytes rc $?"
+       done >> "$OUT/g.log" 2>&1) &
+      (DSROPE_WARM=0 timeout 150 python3 -m nox -s gpu-tests -- -q -rfE tests/test_rope.py tests/test_gpu.py -k "rope or decode" > "$OUT/t.log" 2>&1
+       echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      wait
+      timeout 100 python3 -m bench.bench --decode --impls triton --no-fail --out "$OUT/bench-decode" > "$OUT/b.log" 2>&1
+      echo "bench-decode rc $?" >> "$OUT/b.log"
+      timeout 150 python3 -m tools.sweep --kernels rope --decode --workers 14 --out "$OUT/sweep-rope" \
+        $( [ -d sweep_baseline ] && echo --baseline sweep_baseline ) > "$OUT/w.log" 2>&1
+      echo "sweep rc $?" >> "$OUT/w.log"
+      failed=0  # the phase's status: the snapshot, its bytes or the tests failed (bench and sweep report)
+      for f in g t b w; do
+        echo "===== $f"; cat "$OUT/$f.log"
+        [ $f = g ] || [ $f = t ] && grep -q -E '^[a-z-]+ rc [1-9]' "$OUT/$f.log" && failed=1
+        rm "$OUT/$f.log"
+      done
+      [ "$failed" = 0 ] ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records

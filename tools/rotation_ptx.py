@@ -10,7 +10,14 @@ device. Two comparisons:
   `own * cs + t`, the compiler's choice of which product to fuse (dsrope.pair_rotation.rotate_lane);
 - `--against SRC`: the kernels as committed against those of another tree's src/ folder (an older commit,
   e.g. `git worktree add /tmp/old <rev>`, then `--against /tmp/old/src`): a refactor of the kernels
-  (renamed variables) must leave every specialization's PTX as it was.
+  (renamed variables) must leave every specialization's PTX as it was (same kernel signatures: the
+  split `_rotate` takes RBLOCK, the one before it did not).
+- `--form`: no comparison; every specialization's PTX must compute the rotation as rotate_lane writes it,
+  fma(own, cos, rn(+-partner * sin)): each f32 fma's addend is an f32 `mul` (rounded: ptxas does not
+  contract a product into another fma's addend) of the pair partner, the first factor of another of the
+  kernel's fmas, or its negation; and no f32 add or sub anywhere (the unfused form). Exits 1 if any
+  specialization differs. A kernel change that keeps this form on every specialization keeps the bits
+  (the same operations on the same rounded operands).
 
 Run it with the device's Triton (the H200 has triton 3.6.0), in a venv of its own:
 
@@ -40,11 +47,11 @@ from dsrope import rope
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = ("fp16", "bf16", "fp32")
-# (HEADS, DIM, ROTARY, M, BLOCK, warps) of _rotate; (HEADS, DIM, ROTARY, M, GROUP, BLOCK, warps) of the in-place
-ROTATE = [(8, 512, 64, 2, 512, 1), (3, 96, 32, 8, 128, 1), (1, 34, 34, 16, 64, 1)]
+# (HEADS, DIM, ROTARY, M, BLOCK, RBLOCK, warps) of _rotate; (HEADS, DIM, ROTARY, M, GROUP, BLOCK, warps) of the in-place
+ROTATE = [(8, 512, 64, 2, 512, 64, 1), (3, 96, 32, 8, 128, 32, 1), (1, 34, 34, 16, 64, 64, 1)]
 INPLACE = [(64, 512, 64, 16, 2, 64, 4), (64, 512, 64, 4, 4, 64, 4), (1, 34, 34, 4, 1, 64, 4), (3, 96, 32, 32, 2, 32, 4)]
 KERNELS = {
-    "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK")),
+    "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK", "RBLOCK")),
     "_rotate_inplace": (INPLACE, ("HEADS", "DIM", "ROTARY", "M", "GROUP", "BLOCK")),
 }
 
@@ -119,6 +126,88 @@ def other_tree_digests(src: Path) -> dict[str, dict[str, str]]:
     return json.loads(child.stdout)
 
 
+INSTRUCTION = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.]*)\s+(.*?);?$")
+REGISTER = re.compile(r"%\w+")
+PARAM = re.compile(r"\[\w+_param_(\d+)\]")
+X, COS, SIN = "0", "1", "2"  # the pointer parameters' positions in both kernels' signatures
+
+
+def rotation_form(text: str) -> str:
+    """'' if the PTX computes every rotated lane as fma(own, cos, rn(+-partner * sin)), else why not.
+
+    Operands are told apart by the pointer parameter their values were loaded through (x, cos, sin:
+    followed back through every instruction defining them), so a form with cos and sin exchanged
+    (fma(partner, sin, rn(own * cos)), the other product fused) fails."""
+    defined: dict[str, list[tuple[str, list[str]]]] = {}
+    fmas = []
+    # Shared memory (layout conversions between tile shapes): one pseudo-register per run of stores, the
+    # stores from the last load of shared memory on; a load of shared memory reads the latest run.
+    shared, loaded = 0, True
+    for line in text.splitlines():
+        found = INSTRUCTION.match(line)
+        if not found:
+            continue
+        op, rest = found.group(1), found.group(2)
+        if op.endswith(".f32") and op.split(".")[0] in ("add", "sub"):
+            return f"an f32 {op}: the unfused form"
+        if ".shared" in op and op.startswith("st"):  # st.shared, stmatrix
+            shared, loaded = shared + loaded, False
+            defined.setdefault(f"%shared{shared}", []).append((op, [rest]))
+            continue
+        if op.startswith(("st.", "bar.", "bra", "ret")):
+            continue
+        if ".shared" in op and op.startswith("ld"):  # ld.shared, ldmatrix
+            rest, loaded = f"{rest.partition('}')[0]}}}, %shared{shared}", True
+        head, _, tail = rest.partition("}") if rest.startswith("{") else rest.partition(",")
+        for register in REGISTER.findall(head):
+            defined.setdefault(register, []).append((op, [tail]))
+        if op.startswith("fma.") and op.endswith(".f32"):
+            fmas.append(REGISTER.findall(rest))
+
+    def params(register: str, seen: set) -> set:
+        """The pointer parameters the value of `register` derives from."""
+        if register in seen:
+            return set()
+        seen.add(register)
+        out = set()
+        for op, (source,) in defined.get(register, []):
+            if op.startswith("ld.param.") and op.endswith(("b64", "u64")):
+                out |= set(PARAM.findall(source))
+            for r in REGISTER.findall(source):
+                out |= params(r, seen)
+        return out
+
+    def source(register):
+        return params(register, set())
+
+    if not fmas:
+        return "no f32 fma"
+    for dest, own, cos, addend in fmas:
+        product = [(op, REGISTER.findall(src)) for op, (src,) in defined.get(addend, [])]
+        if len(product) != 1 or not (product[0][0].startswith("mul.") and product[0][0].endswith(".f32")):
+            return f"fma {dest}: its addend {addend} is not one f32 product"
+        factors = sorted((source(f) for f in product[0][1]), key=sorted)
+        if source(own) != {X} or source(cos) != {COS} or factors != [{X}, {SIN}]:
+            return f"fma {dest}: factors from {source(own)}, {source(cos)}, addend {factors} (x 0, cos 1, sin 2)"
+    return ""
+
+
+def form_report() -> bool:
+    """Every specialization of both kernels in rotate_lane's form; prints a count per kernel."""
+    ok = True
+    for name in KERNELS:
+        kernel = getattr(rope, name)
+        wrong = [(key, why) for key, args in specializations(name) if (why := rotation_form(ptx(kernel, *args)))]
+        total = sum(1 for _ in specializations(name))
+        form = "fma(own, cos, rn(+-partner * sin))"
+        print(f"{name}: {total - len(wrong)}/{total} specializations compute {form}", end="")
+        print(f" (triton {triton.__version__})")
+        for key, why in wrong:
+            print("  differs:", key, why)
+        ok = ok and not wrong
+    return ok
+
+
 def report(mine: dict, theirs: dict, what: str) -> bool:
     same_everywhere = True
     for name in KERNELS:
@@ -135,12 +224,15 @@ def report(mine: dict, theirs: dict, what: str) -> bool:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--against", type=Path, help="another tree's src/ folder: compare its kernels' PTX with these")
+    ap.add_argument("--form", action="store_true", help="check that every specialization has rotate_lane's form")
     ap.add_argument("--digests", action="store_true", help="print this tree's PTX digests as JSON (for --against)")
     args = ap.parse_args(argv)
     if args.digests:
         print(json.dumps(digests(rope)))
         return 0
     print(f"committed kernels: {rope.__file__}", flush=True)
+    if args.form:
+        return 0 if form_report() else 1
     if args.against:
         theirs = other_tree_digests(args.against)
         return 0 if report(digests(rope), theirs, f"{args.against}'s kernels") else 1

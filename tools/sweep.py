@@ -11,7 +11,11 @@ warps) calls.
     python -m tools.sweep --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
-version with the same kernel signatures, at its own config) in the same run, for an A/B comparison.
+version, at its own config) in the same run, for an A/B comparison; its `_rotate` is the one-tile form
+before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
+sweep_baseline/old_rope.py; git show 3e8890d:src/dsrope/qnorm_rope.py > sweep_baseline/old_qnorm_rope.py`.
+
+    python -m tools.sweep --kernels rope --decode [--baseline DIR]   # also the decode rows (graph replay)
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ def launch(kernel, t, config, old=None):
     tables = (*cos.stride(), *sin.stride())
     kw = dict(config, BLOCK=D)
     mod_rope, mod_qnorm = old or (rope, qnorm_rope)
-    if kernel == "rope":
+    if kernel == "rope":  # the split form (RBLOCK); the earlier kernel had one tile a row
+        kw = kw if old else dict(kw, RBLOCK=R)
         return 2 * n, lambda: mod_rope._rotate[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
         )
@@ -126,6 +131,41 @@ def slice_ceiling(t):
 
 
 def decode(old):
+    """The decode sweeps of the kernels chosen (--kernels): rope and rope_inplace."""
+    if "rope" in KERNEL_CHOICE:
+        decode_rope(old)
+    if "rope_inplace" in KERNEL_CHOICE:
+        decode_inplace(old)
+
+
+# the earlier out-of-place kernel's decode tiles (3e8890d's spread_rows on 132 SMs: M = 1 below 528 rows)
+OLD_ROPE_DECODE = [dict(M=1, num_warps=1), dict(M=2, num_warps=1)]
+
+
+def decode_rope(old):
+    """The out-of-place kernel at decode under CUDA graph replay (us per call): every config with M <= 8, the
+    launcher (rope.rotate_config: ROTATE_ELEMENTS and spread_rows, which this is to choose),
+    the earlier kernel (--baseline) at its launcher's tiles, and a copy_ of the same bytes."""
+    from bench.bench import decode_inputs, per_replayed_call_us
+
+    for b, h in DECODE_SHAPES:
+        x, cos, sin = decode_inputs(b, h)
+        t = (x, None, cos, sin, torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype), None)
+        found = [(per_replayed_call_us(launch("rope", t, c)[1]), "new", c) for c in CONFIGS if c["M"] <= 8]
+        if old:
+            found += [(per_replayed_call_us(launch("rope", t, c, old)[1]), "old", c) for c in OLD_ROPE_DECODE]
+        y = torch.empty_like(x)
+        copy = per_replayed_call_us(functools.partial(y.copy_, x))
+        for us, version, c in sorted(found, key=lambda f: f[0]):
+            print(f"decode rope B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
+                  f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
+        launcher = rope.rotate_config(D, R, b * h, x.device)
+        us = per_replayed_call_us(functools.partial(rope._launch, x, cos, sin, R, False))
+        print(f"decode rope B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
+              f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
+
+
+def decode_inplace(old):
     """Rows per program and warps of the in-place kernel at decode, under CUDA graph replay (us per call)."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
@@ -167,7 +207,7 @@ def main():
     parser.add_argument("--baseline", default="")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
-    parser.add_argument("--decode", action="store_true", help="in-place kernel at decode shapes (graph replay)")
+    parser.add_argument("--decode", action="store_true", help="rope and rope_inplace at decode shapes (graph replay)")
     parser.add_argument("--one", nargs=4, metavar=("KERNEL", "LAYOUT", "M", "WARPS"))
     args = parser.parse_args()
     KERNEL_CHOICE[:] = args.kernels

@@ -19,8 +19,8 @@ def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
 
     The interpreter pays per program: big blocks on CPU. On the H200 small programs won
-    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 1024 x 1 warp for partial
-    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward. The dict is shared between
+    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 2048 x 1 for the QNorm forward,
+    1024 x 2 for its backward; partial RoPE's is rope.ROTATE_ELEMENTS. The dict is shared between
     calls: read it, never change it.
     """
     block = next_pow2(dim)

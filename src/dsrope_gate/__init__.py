@@ -23,6 +23,7 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     pytest_plugin the pytest11 entry point: the `conforms` marker and the `judge` fixture
     presets       adapters over the peers' pinned releases
     peer_timing   bench --backward's table: cells not timed and why, markdown and legend
+    perf_targets  the performance targets the bench checks on its rows (docs/perf.md, Targets)
     profile       a pytest plugin: where a gate's time goes
     gpu_pinning   one GPU per pytest-xdist worker
     startup       compiled on a GPU, Triton's interpreter on CPU

@@ -1,0 +1,97 @@
+"""The performance targets the project holds (issue 36), and the check bench/bench.py applies to its rows.
+
+A target is a limit on one number of one bench row: at most (a ratio of times) or at least (a share of
+copy bandwidth). A row at its limit meets it; one past it, or a number that was not measured (NaN), is
+MISSED. The bench prints every target with a MISSED column and a summary line, and exits 1 when one is
+missed (docs/perf.md, Targets). Decode ratios are under CUDA graph replay, against a `copy_` of the same
+bytes timed in the same run; prefill shares are of the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DECODE_COPY_RATIO = 1.15  # ours / copy_ of the same bytes under graph replay, partial RoPE both forms
+FLOOR_MARGIN = 1.05  # the QNorm forward may be this far over the measured floor of its row
+PREFILL_SHARE = {"partial_rope": 0.90, "qnorm_rope": 0.90}  # of copy bandwidth, every direction
+QNORM_FORWARD_SHARE = 0.95  # the QNorm forward's prefill rows
+
+# The QNorm forward's floor at decode, docs/decode.md ("Best of each family", 2026-12-04, H200): the fastest
+# measured one-warp kernel that loads, reduces, scales and stores a row (no rotation, no rstd), over copy_
+# of the same bytes, per (B, H). A row has to finish its sum of squares before its first store, which a
+# copy does not; the target there is FLOOR_MARGIN times this floor where that is above DECODE_COPY_RATIO.
+QNORM_DECODE_FLOOR = {
+    (1, 64): 1.18,
+    (1, 128): 1.15,
+    (8, 64): 1.18,
+    (8, 128): 1.20,
+    (64, 64): 1.08,
+    (64, 128): 1.08,
+    (256, 64): 1.05,
+    (256, 128): 0.97,
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    row: str  # the bench row, in words
+    what: str  # the number and its limit, in words
+    value: float
+    limit: float
+    at_most: bool  # True: value <= limit; False: value >= limit
+
+    @property
+    def missed(self) -> bool:
+        met = self.value <= self.limit if self.at_most else self.value >= self.limit
+        return not met  # NaN: not measured, missed
+
+
+def qnorm_decode_limit(b: int, h: int) -> float:
+    """ours / copy_ allowed for the QNorm forward at decode row (B, H)."""
+    floor = QNORM_DECODE_FLOOR.get((b, h))
+    return DECODE_COPY_RATIO if floor is None else max(DECODE_COPY_RATIO, FLOOR_MARGIN * floor)
+
+
+def decode_targets(row: dict) -> list[Target]:
+    """Targets of one decode row of the bench: kernel, B, H and the times (us) triton_us, compile_us
+    (one call, no graph; its target only where torch.compile was timed), triton_graph_us, copy_graph_us,
+    and for partial RoPE inplace_graph_us and inplace_copy_graph_us (the in-place call and a copy_ of its
+    own bytes, B*H*R elements)."""
+    kernel, b, h = row["kernel"], row["B"], row["H"]
+    name = f"decode {kernel} B={b} H={h}"
+    ratio = row["triton_graph_us"] / row["copy_graph_us"]
+    limit = qnorm_decode_limit(b, h) if kernel == "qnorm_rope" else DECODE_COPY_RATIO
+    form = "" if kernel == "qnorm_rope" else " out of place"
+    out = [Target(name, f"ours{form} / copy_, graph replay <= {limit:.3g}", ratio, limit, True)]
+    if "compile_us" in row:  # timed unless the run left torch.compile out (bench --impls)
+        compiled = row["triton_us"] / row["compile_us"]
+        out.append(Target(name, "ours / torch.compile per call (no graph) <= 1", compiled, 1.0, True))
+    if kernel == "partial_rope":
+        inplace = row["inplace_graph_us"] / row["inplace_copy_graph_us"]
+        what = f"ours in place / copy_ of its bytes, graph replay <= {DECODE_COPY_RATIO:.3g}"
+        out.append(Target(name, what, inplace, DECODE_COPY_RATIO, True))
+    return out
+
+
+def prefill_targets(row: dict) -> list[Target]:
+    """Targets of one prefill row of the bench: kernel, direction, B, H, S, layout, copy_fraction."""
+    kernel, direction = row["kernel"], row["direction"]
+    share = QNORM_FORWARD_SHARE if (kernel, direction) == ("qnorm_rope", "forward") else PREFILL_SHARE[kernel]
+    name = f"prefill {kernel} {direction} {row['B']}x{row['H']}x{row['S']} {row['layout']}"
+    return [Target(name, f"share of copy bandwidth >= {share:.0%}", row["copy_fraction"], share, False)]
+
+
+def table(targets: list[Target]) -> list[str]:
+    """Markdown lines: every target with its value and a MISSED column."""
+    lines = ["| row | target | value | MISSED |", "|---|---|---|---|"]
+    for t in targets:
+        value = "not measured" if math.isnan(t.value) else f"{t.value:.3f}"
+        lines.append(f"| {t.row} | {t.what} | {value} | {'MISSED' if t.missed else ''} |")
+    return lines
+
+
+def summary(targets: list[Target]) -> str:
+    missed = [t for t in targets if t.missed]
+    head = f"targets: {len(targets) - len(missed)} of {len(targets)} met, {len(missed)} MISSED"
+    return head + "".join(f"\n  MISSED {t.row}: {t.what}, got {t.value:.3f}" for t in missed)

@@ -1,0 +1,85 @@
+"""The bench's targets (dsrope_gate.perf_targets): a row at its limit meets the target, a row one float step
+past it is MISSED, and a number that was not measured (NaN) is MISSED. Exact: the values are ratios of
+times chosen so that the ratio is the limit itself (x / 1.0 == x) or its float neighbour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dsrope_gate import perf_targets
+
+
+def decode_row(kernel, b, h, graph_ratio=1.0, compile_ratio=0.5, inplace_ratio=1.0):
+    row = dict(kernel=kernel, B=b, H=h, triton_us=compile_ratio, compile_us=1.0)
+    row |= dict(triton_graph_us=graph_ratio, copy_graph_us=1.0)
+    if kernel == "partial_rope":
+        row |= dict(inplace_graph_us=inplace_ratio, inplace_copy_graph_us=1.0)
+    return row
+
+
+def missed(targets, what):
+    (target,) = [t for t in targets if what in t.what]
+    return target.missed
+
+
+def past(limit, at_most=True):
+    return math.nextafter(limit, math.inf if at_most else -math.inf)
+
+
+@pytest.mark.parametrize(("b", "h", "limit"), [(1, 64, 1.05 * 1.18), (8, 128, 1.05 * 1.20), (256, 128, 1.15)])
+def test_qnorm_decode_limit_is_the_floor_margin_or_the_copy_ratio(b, h, limit):
+    """max(1.15, 1.05 x the floor of docs/decode.md): 1.239 and 1.26 over the floor, 1.15 where the floor is
+    below copy_ (B = 256, H = 128: 0.97)."""
+    assert perf_targets.qnorm_decode_limit(b, h) == limit
+    row = decode_row("qnorm_rope", b, h, limit)
+    assert not missed(perf_targets.decode_targets(row), "copy_")
+    assert missed(perf_targets.decode_targets(decode_row("qnorm_rope", b, h, past(limit))), "copy_")
+
+
+def test_qnorm_decode_limit_of_an_unmeasured_row_is_the_copy_ratio():
+    assert perf_targets.qnorm_decode_limit(2, 64) == perf_targets.DECODE_COPY_RATIO == 1.15
+
+
+@pytest.mark.parametrize("form", ["out of place", "in place"])
+def test_partial_rope_decode_at_and_past_its_copy_ratio(form):
+    limit = perf_targets.DECODE_COPY_RATIO
+    key = "graph_ratio" if form == "out of place" else "inplace_ratio"
+    at = perf_targets.decode_targets(decode_row("partial_rope", 1, 64, **{key: limit}))
+    beyond = perf_targets.decode_targets(decode_row("partial_rope", 1, 64, **{key: past(limit)}))
+    assert not any(t.missed for t in at)
+    assert [t.what.split(" / ")[0] for t in beyond if t.missed] == [f"ours {form}"]
+
+
+def test_decode_slower_than_torch_compile_is_missed():
+    assert not missed(perf_targets.decode_targets(decode_row("qnorm_rope", 1, 64, 1.0, compile_ratio=1.0)), "compile")
+    row = decode_row("qnorm_rope", 1, 64, 1.0, compile_ratio=past(1.0))
+    assert missed(perf_targets.decode_targets(row), "compile")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "direction", "share"),
+    [("partial_rope", "forward", 0.90), ("partial_rope", "backward", 0.90), ("qnorm_rope", "forward", 0.95)],
+)
+def test_prefill_share_at_and_one_step_below(kernel, direction, share):
+    row = dict(kernel=kernel, direction=direction, B=1, H=64, S=4096, layout="token_major", copy_fraction=share)
+    (at,) = perf_targets.prefill_targets(row)
+    (below,) = perf_targets.prefill_targets(dict(row, copy_fraction=past(share, at_most=False)))
+    assert (at.limit, at.missed, below.missed) == (share, False, True)
+
+
+def test_not_measured_is_missed_and_the_summary_counts_it():
+    row = dict(kernel="partial_rope", direction="forward", B=1, H=64, S=4096, layout="head_major")
+    targets = perf_targets.prefill_targets(dict(row, copy_fraction=float("nan")))
+    targets += perf_targets.prefill_targets(dict(row, copy_fraction=0.97))
+    assert [t.missed for t in targets] == [True, False]
+    lines = perf_targets.table(targets)
+    assert lines[2].endswith("| not measured | MISSED |") and lines[3].endswith("| 0.970 |  |")
+    assert perf_targets.summary(targets).splitlines()[0] == "targets: 1 of 2 met, 1 MISSED"
+
+
+def test_no_compile_target_where_torch_compile_was_not_timed():
+    row = decode_row("qnorm_rope", 1, 64)
+    del row["compile_us"]
+    assert [t.what.split(" ")[2] for t in perf_targets.decode_targets(row)] == ["copy_,"]
