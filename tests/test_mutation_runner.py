@@ -95,3 +95,17 @@ def test_edits_apply_inside_their_function_only():
 def test_stale_edits_fail_loudly(function, old):
     with pytest.raises(runner.Stale):
         runner.mutated_text(mutant("t.stale", "x.py", function, "", (old, "x")), SOURCE)
+
+
+def test_a_partial_run_selects_modules_by_name_or_path_and_refuses_a_miss():
+    from dsrope_gate.mutation.runner import selected_tests
+
+    files = ["tests/test_conformance.py", "tests/test_violations.py", "tests/test_rope.py"]
+    assert selected_tests(files, "tests/test_violations.py") == ["tests/test_violations.py"]
+    assert selected_tests(files, "test_violations") == ["tests/test_violations.py"]
+    assert selected_tests(files, "test_rope,tests/test_conformance.py::test_x") == [
+        "tests/test_rope.py",
+        "tests/test_conformance.py::test_x",
+    ]
+    with pytest.raises(SystemExit, match="no test module matches test_nothing"):
+        selected_tests(files, "test_nothing")

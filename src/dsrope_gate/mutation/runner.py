@@ -261,6 +261,19 @@ def test_files(scratch: Path, first: tuple[str, ...]) -> list[str]:
     return [f"tests/{n}" for n in sorted(names, key=lambda n: (rank(n), n))]
 
 
+def selected_tests(files: list[str], tests: str) -> list[str]:
+    """A partial run's test files: `tests` is comma-separated module names or substrings of them (a path is
+    taken by its file name) and node ids (with ::). A module part that selects no file is an error: pytest
+    given no file would run the whole suite and the partial run would silently be a full one."""
+    wanted = tests.split(",")
+    nodes = [t for t in wanted if "::" in t]
+    modules = [Path(t).name for t in wanted if "::" not in t]
+    unmatched = [m for m in modules if not any(m in Path(f).name for f in files)]
+    if unmatched:
+        raise SystemExit(f"--tests: no test module matches {', '.join(unmatched)} (of {len(files)} modules)")
+    return [f for f in files if any(m in Path(f).name for m in modules)] + nodes
+
+
 def scratch_env(scratch: Path, gpu: bool) -> dict:
     env = dict(os.environ)
     # The scratch packages first; drop any path into the real checkout so it cannot shadow the copy.
@@ -411,10 +424,8 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
     workers = args.workers if workers is None else workers
     fork = args.fork if fork is None else fork
     files = test_files(scratch, FIRST + home)
-    if args.tests:  # a partial run: only these modules (substrings of names) and node ids (with ::)
-        wanted = args.tests.split(",")
-        nodes = [t for t in wanted if "::" in t]
-        files = [f for f in files if any(t in Path(f).name for t in wanted if "::" not in t)] + nodes
+    if args.tests:
+        files = selected_tests(files, args.tests)
     first = sum(any(Path(f).name.startswith(p) for p in FIRST + home) for f in files)
     stages = [files[:first], files[first:]] if 0 < first < len(files) else [files]
     result = Result(None, "survived", log=str(log_path))
