@@ -106,20 +106,35 @@ for phase in "$@"; do
       (timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/golden-copy > "$OUT/g.log" 2>&1
        echo "snapshot rc $?" >> "$OUT/g.log"
        for f in golden/snapshots/nvidia-h200-*.safetensors; do
+         [ -f "/tmp/golden-copy/snapshots/${f##*/}" ] || continue  # not an H200: the check below stands alone
          echo "$f:"; cmp "$f" "/tmp/golden-copy/snapshots/${f##*/}"; echo "snapshot-bytes rc $?"
        done >> "$OUT/g.log" 2>&1) &
+      # on any GPU: the kernels of 3e8890d (sweep_baseline/old_src, the whole-row _rotate) recorded on this
+      # device beside the split kernel's record, and the two byte-compared
+      if [ -d sweep_baseline/old_src/src/dsrope ]; then
+        rm -rf /tmp/golden-old && cp -r golden /tmp/golden-old
+        (PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/golden-old > "$OUT/o.log" 2>&1
+         echo "old-snapshot rc $?" >> "$OUT/o.log") &
+      fi
       (DSROPE_WARM=0 timeout 150 python3 -m nox -s gpu-tests -- -q -rfE tests/test_rope.py tests/test_gpu.py -k "rope or decode" > "$OUT/t.log" 2>&1
        echo "gpu-tests rc $?" >> "$OUT/t.log") &
       wait
+      if [ -f "$OUT/o.log" ]; then
+        for f in /tmp/golden-old/snapshots/*.safetensors; do
+          case "$f" in *interpreter*) continue ;; esac
+          echo "$f vs split:"; cmp "$f" "/tmp/golden-copy/snapshots/${f##*/}"; echo "split-vs-old-bytes rc $?"
+        done >> "$OUT/o.log" 2>&1
+      fi
       timeout 100 python3 -m bench.bench --decode --impls triton --no-fail --out "$OUT/bench-decode" > "$OUT/b.log" 2>&1
       echo "bench-decode rc $?" >> "$OUT/b.log"
       timeout 150 python3 -m tools.sweep --kernels rope --decode --workers 14 --out "$OUT/sweep-rope" \
         $( [ -d sweep_baseline ] && echo --baseline sweep_baseline ) > "$OUT/w.log" 2>&1
       echo "sweep rc $?" >> "$OUT/w.log"
       failed=0  # the phase's status: the snapshot, its bytes or the tests failed (bench and sweep report)
-      for f in g t b w; do
+      for f in g o t b w; do
+        [ -f "$OUT/$f.log" ] || continue
         echo "===== $f"; cat "$OUT/$f.log"
-        [ $f = g ] || [ $f = t ] && grep -q -E '^[a-z-]+ rc [1-9]' "$OUT/$f.log" && failed=1
+        [ $f = g ] || [ $f = o ] || [ $f = t ] && grep -q -E '^[a-z-]+ rc [1-9]' "$OUT/$f.log" && failed=1
         rm "$OUT/$f.log"
       done
       [ "$failed" = 0 ] ;;
