@@ -91,7 +91,8 @@ def launch(kernel, t, config, old=None):
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
-    if kernel == "qnorm_fwd":
+    if kernel == "qnorm_fwd":  # the split form (RBLOCK); the earlier kernel had one tile a row
+        kw = kw if old else dict(kw, RBLOCK=R)
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )

@@ -8,11 +8,12 @@ The two bf16 rounding boundaries are intentional; they reproduce the unfused eag
 Keeping FP32 across either boundary computes a different function (docs/contract.md).
 
 Rows are walked in token-major order, row = (b*S + s)*H + h; `rstd` is saved in that order.
-Each row is one contiguous tile of channels, loaded and stored once (masked, so D and R/2 need not
-be powers of two and D may be odd). A rotary lane needs its pair partner and its table entry: the
-forward loads them per lane (same cache lines); the backward, which moves three tensors and needs
-the registers, takes the partner from the neighbouring lane in registers and the table entry from
-one load per pair (docs/perf.md: backward 0.92 -> 1.04 of copy bandwidth on the H200).
+Each row is one contiguous tile of channels (masked, so D and R/2 need not be powers of two and D may
+be odd). A rotary lane needs its pair partner and its table entry; both kernels take the partner from
+the neighbouring lane in registers (swap_pairs) and the table entry from one load per pair
+(pair_table). The forward rotates on a tile of the R rotary channels alone, loaded a second time
+(docs/decode.md); the backward, which moves three tensors, on the row's tile (docs/perf.md: backward
+0.92 -> 1.04 of copy bandwidth on the H200).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import triton
 import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
-from dsrope.pair_rotation import pair_table, swap_pairs
-from dsrope.tiles import tile_config, token_major_empty
+from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
 @triton.jit
@@ -56,13 +57,21 @@ def _qnorm_rope(
     x, cos, sin, out, rstd, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
+    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Normalize and rotate M rows per program into token-major `out` [B, S, H, D]."""
+    """Normalize and rotate M rows per program into token-major `out` [B, S, H, D].
+
+    The row's sum of squares on its [M, BLOCK] tile; the leading D - R channels stored from that tile,
+    the R rotary channels on an [M, RBLOCK] tile of their own (loaded again: the same cache lines),
+    rotated as partial RoPE rotates them (partner from registers, one table load per pair, rotate_lane).
+    The rotation's arithmetic on the rotary tile only: on the whole row's tile every lane paid its
+    partner and table addressing (docs/decode.md: the QNorm forward 1.77-1.93x copy at decode).
+    """
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
     b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
+    out_row = out + (row * D)[:, None]
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
 
@@ -71,19 +80,20 @@ def _qnorm_rope(
 
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
-    y = (v * r[:, None]).to(dtype)
-    # Partner and table entry per lane from memory (same cache lines): the backward's register swap
-    # measured no faster here (docs/perf.md), and in partial RoPE it failed the layout property on
-    # the H200 where this form passed (docs/gpu-runs.md), so the forward keeps this form.
-    j = c - (D - R)  # position in the rotary slice
-    partner = (j ^ 1) + (D - R)
-    p = tl.load(x_row + partner * XD, mask=rot).to(tl.float32)
-    y_partner = (p * r[:, None]).to(dtype).to(tl.float32)
-    cs = tl.load(cos + (b * CB + s * CS)[:, None] + (j // 2) * CD, mask=rot)
-    sn = tl.load(sin + (b * SB + s * SS)[:, None] + (j // 2) * SD, mask=rot)
+    tl.store(out_row + c, (v * r[:, None]).to(dtype), mask=valid & ~rot)
+
+    # the rotary channels: pair k = lanes (2k, 2k+1) of their own tile
+    j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
+    in_slice = row_ok[:, None] & (j < R)
+    rotary_channel = j + (D - R)
+    own = tl.load(x_row + rotary_channel * XD, mask=in_slice).to(tl.float32)
+    own = (own * r[:, None]).to(dtype).to(tl.float32)
+    partner = swap_pairs(own, M, RBLOCK)
+    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)
+    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
-    rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn
-    tl.store(out + (row * D)[:, None] + c, tl.where(rot, rotated.to(dtype), y), mask=valid)
+    rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, -partner) * sn)
+    tl.store(out_row + rotary_channel, rotated.to(dtype), mask=in_slice)
 
 
 @triton.jit
@@ -129,7 +139,7 @@ def _forward(x, cos, sin, rotary, eps):
     config = tile_config(dim, 2048)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, **config,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
     )  # fmt: skip
     return out, rstd
 
