@@ -13,11 +13,13 @@ device. Two comparisons:
   (renamed variables) must leave every specialization's PTX as it was (same kernel signatures: the
   split `_rotate` takes RBLOCK, the one before it did not).
 - `--form`: no comparison; every specialization's PTX must compute the rotation as rotate_lane writes it,
-  fma(own, cos, rn(+-partner * sin)): each f32 fma's addend is an f32 `mul` (rounded: ptxas does not
-  contract a product into another fma's addend) of the pair partner, the first factor of another of the
-  kernel's fmas, or its negation; and no f32 add or sub anywhere (the unfused form). Exits 1 if any
-  specialization differs. A kernel change that keeps this form on every specialization keeps the bits
-  (the same operations on the same rounded operands).
+  fma(own, cos, rn(+-partner * sin)): each f32 fma that takes a value loaded through cos or sin has an
+  addend that is an f32 `mul` (rounded: ptxas does not contract a product into another fma's addend) of
+  the pair partner, the first factor of another of the kernel's fmas, or its negation; and no f32 add or
+  sub takes a value derived from cos or sin (the unfused form). Exits 1 if any specialization differs. A
+  kernel change that keeps this form on every specialization keeps the rotation's bits (the same
+  operations on the same rounded operands). `--form` also checks the QNorm forward `_qnorm_rope` at the
+  launcher's tiles (its row sum of squares is fmas and adds of x alone, which the rule leaves aside).
 
 Run it with the device's Triton (the H200 has triton 3.6.0), in a venv of its own:
 
@@ -43,7 +45,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dsrope import rope
+from dsrope import qnorm_rope, rope
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = ("fp16", "bf16", "fp32")
@@ -54,6 +56,15 @@ KERNELS = {
     "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK", "RBLOCK")),
     "_rotate_inplace": (INPLACE, ("HEADS", "DIM", "ROTARY", "M", "GROUP", "BLOCK")),
 }
+# (H, D, R, M, BLOCK, RBLOCK, warps) of the QNorm forward at the launcher's tiles (tile_config(D, 2048);
+# spread_rows at decode), an odd D - R among them; checked by --form only
+QNORM = [(8, 512, 64, 4, 512, 64, 1), (3, 96, 32, 16, 128, 32, 1), (1, 34, 34, 32, 64, 64, 1)]
+QNORM += [(4, 65, 32, 16, 128, 32, 1), (8, 512, 64, 1, 512, 64, 1), (8, 512, 64, 2, 512, 64, 1)]  # odd D - R; decode
+FORM_KERNELS = {**KERNELS, "_qnorm_rope": (QNORM, ("H", "D", "R", "M", "BLOCK", "RBLOCK"))}
+
+
+def kernel_of(name: str):
+    return getattr(qnorm_rope if name == "_qnorm_rope" else rope, name)
 
 
 def compilers_choice() -> object:
@@ -76,14 +87,14 @@ def ptx(kernel, dtype: str, const: dict, channel_stride_one: bool, strides16: bo
             signature[name] = "constexpr"
         elif name in ("x", "out"):
             signature[name] = f"*{dtype}"
-        elif name in ("cos", "sin"):
+        elif name in ("cos", "sin", "rstd"):
             signature[name] = "*fp32"
         else:
             signature[name] = "i32"
         sixteen = (
             name == "out"
             or (name == "x" and x16)
-            or (name in ("cos", "sin") and tables16)
+            or (name in ("cos", "sin", "rstd") and tables16)
             or (signature[name] == "i32" and strides16)
         )
         if sixteen:
@@ -97,12 +108,13 @@ def ptx(kernel, dtype: str, const: dict, channel_stride_one: bool, strides16: bo
 
 def specializations(name: str):
     """(key, ptx arguments) of every specialization of kernel `name` on the grid."""
-    geometries, keys = KERNELS[name]
+    geometries, keys = FORM_KERNELS[name]
     flags = list(itertools.product((True, False), repeat=4))
     for dtype, geometry, (stride_one, strides16, x16, tables16) in itertools.product(DTYPES, geometries, flags):
         *values, warps = geometry
         const = dict(zip(keys, values, strict=True))
-        for extra in ({"INVERSE": False}, {"INVERSE": True}) if name == "_rotate" else ({},):
+        extras = {"_rotate": ({"INVERSE": False}, {"INVERSE": True}), "_qnorm_rope": ({"EPS": 1e-6},)}
+        for extra in extras.get(name, ({},)):
             key = (dtype, geometry, extra, stride_one, strides16, x16, tables16)
             yield repr(key), (dtype, dict(const, **extra), stride_one, strides16, x16, tables16, warps)
 
@@ -139,7 +151,7 @@ def rotation_form(text: str) -> str:
     followed back through every instruction defining them), so a form with cos and sin exchanged
     (fma(partner, sin, rn(own * cos)), the other product fused) fails."""
     defined: dict[str, list[tuple[str, list[str]]]] = {}
-    fmas = []
+    fmas, adds = [], []
     # Shared memory (layout conversions between tile shapes): one pseudo-register per run of stores, the
     # stores from the last load of shared memory on; a load of shared memory reads the latest run.
     shared, loaded = 0, True
@@ -149,7 +161,7 @@ def rotation_form(text: str) -> str:
             continue
         op, rest = found.group(1), found.group(2)
         if op.endswith(".f32") and op.split(".")[0] in ("add", "sub"):
-            return f"an f32 {op}: the unfused form"
+            adds.append((op, REGISTER.findall(rest)))
         if ".shared" in op and op.startswith("st"):  # st.shared, stmatrix
             shared, loaded = shared + loaded, False
             defined.setdefault(f"%shared{shared}", []).append((op, [rest]))
@@ -180,6 +192,11 @@ def rotation_form(text: str) -> str:
     def source(register):
         return params(register, set())
 
+    tables = {COS, SIN}
+    for op, (dest, *operands) in adds:
+        if any(source(r) & tables for r in operands):
+            return f"an f32 {op} of a value from cos or sin ({dest}): the unfused form"
+    fmas = [f for f in fmas if any(source(r) & tables for r in f[1:])]  # not the QNorm's sum of squares
     if not fmas:
         return "no f32 fma"
     for dest, own, cos, addend in fmas:
@@ -195,8 +212,8 @@ def rotation_form(text: str) -> str:
 def form_report() -> bool:
     """Every specialization of both kernels in rotate_lane's form; prints a count per kernel."""
     ok = True
-    for name in KERNELS:
-        kernel = getattr(rope, name)
+    for name in FORM_KERNELS:
+        kernel = kernel_of(name)
         wrong = [(key, why) for key, args in specializations(name) if (why := rotation_form(ptx(kernel, *args)))]
         total = sum(1 for _ in specializations(name))
         form = "fma(own, cos, rn(+-partner * sin))"

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
-from dsrope.tiles import next_pow2, tile_config, token_major_empty
+from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
 
 
 @triton.jit
@@ -124,6 +124,10 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
+# elements per program of the forward's tile (tile_config): the H200 sweep's choice (docs/perf.md)
+FORWARD_ELEMENTS = 2048
+
+
 def _outputs(x):
     """The forward's outputs: `out` token-major like x, FP32 `rstd` with one entry per row."""
     batch, heads, seq, _ = x.shape
@@ -136,7 +140,9 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    config = tile_config(dim, 2048)
+    # fewer rows per program where the rows are few (decode), as partial RoPE: the bits stay
+    # (spread_rows says where and why; tests/test_gpu.py holds them to the prefill tile)
+    config = spread_rows(tile_config(dim, FORWARD_ELEMENTS), rows, x.device)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
