@@ -127,7 +127,7 @@ for phase in "$@"; do
       fi
       timeout 100 python3 -m bench.bench --decode --impls triton --no-fail --out "$OUT/bench-decode" > "$OUT/b.log" 2>&1
       echo "bench-decode rc $?" >> "$OUT/b.log"
-      timeout 150 python3 -m tools.sweep --kernels rope --decode --workers 14 --out "$OUT/sweep-rope" \
+      timeout 240 python3 -m tools.sweep --kernels rope qnorm_fwd --decode --workers 14 --out "$OUT/sweep-rope" \
         $( [ -d sweep_baseline ] && echo --baseline sweep_baseline ) > "$OUT/w.log" 2>&1
       echo "sweep rc $?" >> "$OUT/w.log"
       failed=0  # the phase's status: the snapshot, its bytes or the tests failed (bench and sweep report)

@@ -15,7 +15,7 @@ version, at its own config) in the same run, for an A/B comparison; its `_rotate
 before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
 sweep_baseline/old_rope.py; git show 3e8890d:src/dsrope/qnorm_rope.py > sweep_baseline/old_qnorm_rope.py`.
 
-    python -m tools.sweep --kernels rope --decode [--baseline DIR]   # also the decode rows (graph replay)
+    python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
 """
 
 from __future__ import annotations
@@ -132,9 +132,11 @@ def slice_ceiling(t):
 
 
 def decode(old):
-    """The decode sweeps of the kernels chosen (--kernels): rope and rope_inplace."""
+    """The decode sweeps of the kernels chosen (--kernels): rope, qnorm_fwd and rope_inplace."""
     if "rope" in KERNEL_CHOICE:
         decode_rope(old)
+    if "qnorm_fwd" in KERNEL_CHOICE:
+        decode_qnorm(old)
     if "rope_inplace" in KERNEL_CHOICE:
         decode_inplace(old)
 
@@ -163,6 +165,34 @@ def decode_rope(old):
         launcher = rope.rotate_config(D, R, b * h, x.device)
         us = per_replayed_call_us(functools.partial(rope._launch, x, cos, sin, R, False))
         print(f"decode rope B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
+              f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
+
+
+def decode_qnorm(old):
+    """The QNorm forward at decode under CUDA graph replay (us per call): one warp (more warps change the row
+    sum's order, hence rstd's bits: docs/decode.md) at M = 1, 2, 4, 8, the launcher (spread_rows), the earlier
+    kernel (--baseline) at its tile (M = 4), and a copy_ of x's bytes."""
+    from bench.bench import decode_inputs, per_replayed_call_us
+
+    for b, h in DECODE_SHAPES:
+        x, cos, sin = decode_inputs(b, h)
+        out = torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype)
+        t = (x, None, cos, sin, out, torch.empty(b * h, device="cuda", dtype=torch.float32))
+        configs = [dict(M=m, num_warps=1) for m in (1, 2, 4, 8)]
+        found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "new", c) for c in configs]
+        if old:
+            was = BASELINE["qnorm_fwd"]
+            found.append((per_replayed_call_us(launch("qnorm_fwd", t, was, old)[1]), "old", was))
+        y = torch.empty_like(x)
+        copy = per_replayed_call_us(functools.partial(y.copy_, x))
+        for us, version, c in sorted(found, key=lambda f: f[0]):
+            print(f"decode qnorm B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
+                  f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
+        from dsrope.tiles import spread_rows, tile_config
+
+        launcher = spread_rows(tile_config(D, qnorm_rope.FORWARD_ELEMENTS), b * h, x.device)
+        us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS))
+        print(f"decode qnorm B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
 
 
@@ -208,7 +238,8 @@ def main():
     parser.add_argument("--baseline", default="")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
-    parser.add_argument("--decode", action="store_true", help="rope and rope_inplace at decode shapes (graph replay)")
+    decode_help = "rope, qnorm_fwd and rope_inplace at decode shapes (graph replay)"
+    parser.add_argument("--decode", action="store_true", help=decode_help)
     parser.add_argument("--one", nargs=4, metavar=("KERNEL", "LAYOUT", "M", "WARPS"))
     args = parser.parse_args()
     KERNEL_CHOICE[:] = args.kernels
