@@ -192,8 +192,13 @@ def rotation_form(text: str) -> str:
     def source(register):
         return params(register, set())
 
+    def zero(register):  # triton 3.6 negates as 0 - x
+        return any(op.startswith("mov.") and src.strip() == "0f00000000" for op, (src,) in defined.get(register, []))
+
     tables = {COS, SIN}
     for op, (dest, *operands) in adds:
+        if op.startswith("sub.") and len(operands) == 2 and zero(operands[0]):
+            continue  # a negation (up to the sign of a zero), not the unfused rotation
         if any(source(r) & tables for r in operands):
             return f"an f32 {op} of a value from cos or sin ({dest}): the unfused form"
     fmas = [f for f in fmas if any(source(r) & tables for r in f[1:])]  # not the QNorm's sum of squares
