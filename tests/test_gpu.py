@@ -136,8 +136,12 @@ def test_worker_sees_its_pinned_gpu():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("batch,dim", [(1, 512), (4, 512), (16, 512), (1, 320)])
-@pytest.mark.parametrize("kernel", ["partial_rope", "qnorm_rope"])
+@pytest.mark.parametrize(
+    "kernel,batch,dim",
+    # batches whose rows spread (partial RoPE's prefill tile is M = 2 at D = 512, the QNorm forward's M = 4)
+    [("partial_rope", 1, 512), ("partial_rope", 4, 512), ("partial_rope", 1, 320)]
+    + [("qnorm_rope", 1, 512), ("qnorm_rope", 4, 512), ("qnorm_rope", 16, 512), ("qnorm_rope", 1, 320)],
+)
 def test_decode_rows_per_program_keep_the_bits(kernel, batch, dim, dtype, monkeypatch):
     """Decode shapes (S=1, B*H rows) launch partial RoPE and the QNorm forward with fewer rows per
     program (dsrope.tiles.spread_rows); every bit (out, and the QNorm's saved rstd) must stay what the

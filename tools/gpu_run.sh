@@ -138,6 +138,23 @@ for phase in "$@"; do
         rm "$OUT/$f.log"
       done
       [ "$failed" = 0 ] ;;
+    # issue 36: which change moves the kernel bits. The snapshot of 3e8890d's kernels (sweep_baseline/old_src)
+    # recorded into a copy of golden/, then, each into a copy of that, the snapshots of: B = 3e8890d with the
+    # split _rotate (sweep_baseline/bisect/B), C = this tree without the QNorm forward's spread_rows
+    # (sweep_baseline/bisect/C), D = this tree; each report lists what changed against 3e8890d's bits.
+    bits-bisect)
+      rm -rf /tmp/gA && cp -r golden /tmp/gA
+      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/gA 2>&1 | tail -3
+      for t in B C D; do
+        rm -rf /tmp/g$t && cp -r /tmp/gA /tmp/g$t
+        src=$PWD/sweep_baseline/bisect/$t/src; [ $t = D ] && src=$PWD/src
+        (PYTHONPATH=$src:$PYTHONPATH timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/g$t > "$OUT/bisect-$t.log" 2>&1
+         echo "bisect $t rc $?" >> "$OUT/bisect-$t.log") &
+      done
+      wait
+      for t in B C D; do echo "===== $t"; head -c 6000 "$OUT/bisect-$t.log"; echo; done
+      DSROPE_WARM=0 timeout 200 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_violations.py \
+        -k "decode or underflow" 2>&1 | tail -12 ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
