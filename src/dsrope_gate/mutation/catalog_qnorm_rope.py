@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dsrope_gate.mutation import QNORM, mutant
 
-# The QNorm backward's partner and table lines (register swap and one table load per pair; the forward
-# loads partner and table entry per lane).
+# The QNorm backward's partner and table lines (register swap and one table load per pair, as on the
+# forward's rotary tile).
 Q_BACKWARD_PAIRS = (
     "    g_partner = swap_pairs(g, M, BLOCK)\n"
     "    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, first_pair, R // 2, M, BLOCK)\n"
@@ -21,6 +21,12 @@ Q_HALF_TABLES = (
 )
 FORWARD, BACKWARD, TILE = "_qnorm_rope", "_qnorm_rope_backward", "_row_tile"
 RSQRT = "r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)"
+# the forward's rotary tile: boundary 1 on the lane, its partner from registers, the rotation
+Q_OWN_ROUNDED = "own = (own * r[:, None]).to(dtype).to(tl.float32)"
+Q_SIGNED_PARTNER = "tl.where((j & 1) == 1, partner, -partner)"
+Q_ROTATION = f"rotated = rotate_lane(own, cs, {Q_SIGNED_PARTNER} * sn)"
+Q_COS = "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)"
+Q_SIN = "sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)"
 
 MUTANTS = [
     mutant(
@@ -29,10 +35,16 @@ MUTANTS = [
         FORWARD,
         "pairs channel j with j + R/2 (rotate_half), forward and backward",
         (TILE, "second = (lane & 1) == 1", "second = c - (D - R) >= R // 2"),
-        ("partner = (j ^ 1) + (D - R)", "partner = (j + R // 2) % R + (D - R)"),
-        ("(j // 2) * CD, mask=rot)", "(j % (R // 2)) * CD, mask=rot)"),
-        ("(j // 2) * SD, mask=rot)", "(j % (R // 2)) * SD, mask=rot)"),
-        # the backward's half-split partner is no lane neighbour: partner and table entry by per-lane loads
+        # the half-split partner is no lane neighbour: in both kernels partner and table entry by per-lane
+        # loads (the forward's partner normalized and rounded as its own lane)
+        (Q_SIGNED_PARTNER, "tl.where(j >= R // 2, partner, -partner)"),
+        (
+            "partner = swap_pairs(own, M, RBLOCK)",
+            "partner = (tl.load(x_row + ((j + R // 2) % R + (D - R)) * XD, mask=in_slice).to(tl.float32) * r[:, None])"
+            ".to(dtype).to(tl.float32)",
+        ),
+        (Q_COS, "cs = tl.load(cos + (b * CB + s * CS)[:, None] + (j % (R // 2)) * CD, mask=in_slice)"),
+        (Q_SIN, "sn = tl.load(sin + (b * SB + s * SS)[:, None] + (j % (R // 2)) * SD, mask=in_slice)"),
         (
             BACKWARD,
             Q_BACKWARD_PAIRS,
@@ -45,8 +57,14 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "every lane takes the next channel as its partner (parity ignored)",
-        ("partner = (j ^ 1) + (D - R)", "partner = (j + 1) + (D - R)"),
-        # no register swap gives c + 1 on every lane: the backward's partner as a lane load (0 past the row)
+        # no register swap gives c + 1 on every lane: the partner as a lane load in both kernels (the
+        # forward's normalized and rounded as its own lane, read past the row as the whole-row form read
+        # it; the backward's 0 past the row)
+        (
+            "partner = swap_pairs(own, M, RBLOCK)",
+            "partner = (tl.load(x_row + (rotary_channel + 1) * XD, mask=in_slice).to(tl.float32) * r[:, None])"
+            ".to(dtype).to(tl.float32)",
+        ),
         (
             BACKWARD,
             "g_partner = swap_pairs(g, M, BLOCK)",
@@ -59,7 +77,7 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "forward rotates with the sine negated",
-        ("tl.where(second, y_partner, -y_partner)", "tl.where(second, -y_partner, y_partner)"),
+        (Q_SIGNED_PARTNER, "tl.where((j & 1) == 1, -partner, partner)"),
     ),
     mutant(
         "qnorm.backward_sine_sign",
@@ -77,8 +95,8 @@ MUTANTS = [
         ("shift = (D - R) % 2", "shift = 0"),
         ("rot = valid & (c >= D - R)", "rot = valid & (c < R)"),
         ("second, (D - R + shift) // 2", "second, 0"),
-        (FORWARD, "j = c - (D - R)", "j = c"),
-        (FORWARD, "partner = (j ^ 1) + (D - R)", "partner = j ^ 1"),
+        # the forward: its pass-through store is masked by the tile's rot; its rotary tile starts at channel 0
+        (FORWARD, "rotary_channel = j + (D - R)", "rotary_channel = j"),
     ),
     mutant(
         "qnorm.rotary_start_off_by_one",
@@ -86,6 +104,8 @@ MUTANTS = [
         TILE,
         "rotary lanes start at D-R+1: the first rotary channel is not rotated",
         ("rot = valid & (c >= D - R)", "rot = valid & (c > D - R)"),
+        # the forward's rotary tile: its first lane masked (the pass-through store, masked by rot, writes it)
+        (FORWARD, "in_slice = row_ok[:, None] & (j < R)", "in_slice = row_ok[:, None] & (j > 0) & (j < R)"),
     ),
     mutant(
         "qnorm.shift_dropped",
@@ -108,6 +128,8 @@ MUTANTS = [
         "a lane's place in its pair from the channel's parity, not the lane's: the same for even D - R (c = lane), "
         "every rotary sign flipped for odd D - R (c = lane - 1)",
         ("second = (lane & 1) == 1", "second = (c & 1) == 1"),
+        # the forward's rotary tile: lane j holds channel j + D - R
+        (FORWARD, Q_SIGNED_PARTNER, "tl.where((rotary_channel & 1) == 1, partner, -partner)"),
     ),
     mutant(
         "qnorm.first_pair_without_shift",
@@ -121,25 +143,27 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "boundary 1 dropped: FP32 kept from the norm through the rotation",
-        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
-        ("rotated = y.to(tl.float32) * cs", "rotated = v * r[:, None] * cs"),
+        # the partner is the lane's neighbour in registers: unrounded too
+        (Q_OWN_ROUNDED, "own = own * r[:, None]"),
     ),
     mutant(
         "qnorm.boundary1_dropped_on_partner",
         QNORM,
         FORWARD,
-        "boundary 1 applied to the lane but not to its pair partner",
-        ("y_partner = (p * r[:, None]).to(dtype).to(tl.float32)", "y_partner = p * r[:, None]"),
+        "boundary 1 applied to the lane but not to its pair partner (swapped in from the unrounded normalized lanes)",
+        (
+            f"    {Q_OWN_ROUNDED}\n    partner = swap_pairs(own, M, RBLOCK)\n",
+            f"    partner = swap_pairs(own * r[:, None], M, RBLOCK)\n    {Q_OWN_ROUNDED}\n",
+        ),
     ),
     mutant(
         "qnorm.boundary1_moved_before_norm",
         QNORM,
         FORWARD,
         "boundary 1 moved: x rotated and rounded first, then normalized (rotate-then-normalize)",
-        (
-            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "rotated = (v * cs + tl.where(second, p, -p) * sn).to(dtype).to(tl.float32) * r[:, None]",
-        ),
+        # the rotary lanes (and their partners) stay x; the rotation's result rounded, normalized, rounded
+        (f"    {Q_OWN_ROUNDED}\n", ""),
+        (Q_ROTATION, Q_ROTATION + ".to(dtype).to(tl.float32) * r[:, None]"),
     ),
     mutant(
         "qnorm.boundary1_doubled",
@@ -147,9 +171,8 @@ MUTANTS = [
         FORWARD,
         "an extra rounding in the rotation: each product rounded to x.dtype",
         (
-            "rotated = y.to(tl.float32) * cs + tl.where(second, y_partner, -y_partner) * sn",
-            "rotated = (y.to(tl.float32) * cs).to(dtype).to(tl.float32) + "
-            "(tl.where(second, y_partner, -y_partner) * sn).to(dtype).to(tl.float32)",
+            Q_ROTATION,
+            f"rotated = (own * cs).to(dtype).to(tl.float32) + ({Q_SIGNED_PARTNER} * sn).to(dtype).to(tl.float32)",
         ),
     ),
     mutant(
@@ -157,11 +180,9 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "boundary 1 rounds by truncation (rtz)",
-        ("y = (v * r[:, None]).to(dtype)", 'y = (v * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
-        (
-            "y_partner = (p * r[:, None]).to(dtype)",
-            'y_partner = (p * r[:, None]).to(dtype, fp_downcast_rounding="rtz")',
-        ),
+        # the pass-through channels' rounding and the rotary tile's (its partners swapped in from it)
+        ("(v * r[:, None]).to(dtype)", '(v * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
+        ("own = (own * r[:, None]).to(dtype)", 'own = (own * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
     ),
     mutant(
         "qnorm.rstd_rounded_to_dtype",
@@ -181,15 +202,19 @@ MUTANTS = [
         "qnorm.rotation_on_pass_lanes",
         QNORM,
         FORWARD,
-        "the rotation result is stored on every lane, pass-through included",
-        ("tl.where(rot, rotated.to(dtype), y)", "rotated.to(dtype)"),
+        "the rotated lanes are stored over the leading channels (store offset without D - R); the trailing "
+        "channels are never written",
+        (
+            "tl.store(out_row + rotary_channel, rotated.to(dtype), mask=in_slice)",
+            "tl.store(out_row + j, rotated.to(dtype), mask=in_slice)",
+        ),
     ),
     mutant(
         "qnorm.pass_channels_not_normalized",
         QNORM,
         FORWARD,
         "pass-through channels copied raw, not normalized",
-        ("tl.where(rot, rotated.to(dtype), y)", "tl.where(rot, rotated.to(dtype), v.to(dtype))"),
+        ("tl.store(out_row + c, (v * r[:, None]).to(dtype),", "tl.store(out_row + c, v.to(dtype),"),
     ),
     mutant(
         "qnorm.boundary2_dropped",
@@ -252,7 +277,7 @@ MUTANTS = [
         QNORM,
         "_forward",
         "the launcher hard-codes eps=1e-6",
-        ("EPS=eps, **config", "EPS=1e-6, **config"),
+        ("EPS=eps,", "EPS=1e-6,"),
     ),
     mutant(
         "qnorm.mean_over_pass_channels",
@@ -370,24 +395,28 @@ MUTANTS = [
         "qnorm.partner_channel_stride_ignored",
         QNORM,
         FORWARD,
-        "forward loads the pair partner assuming channel stride 1",
-        ("p = tl.load(x_row + partner * XD, mask=rot)", "p = tl.load(x_row + partner, mask=rot)"),
+        "forward loads the rotary channels (own value and, through swap_pairs, the pair partner) assuming "
+        "channel stride 1",
+        (
+            "own = tl.load(x_row + rotary_channel * XD, mask=in_slice)",
+            "own = tl.load(x_row + rotary_channel, mask=in_slice)",
+        ),
     ),
     mutant(
         "qnorm.forward_table_channel_stride_ignored",
         QNORM,
         FORWARD,
         "forward reads cos/sin assuming last-dim stride 1",
-        ("(j // 2) * CD, mask=rot)", "(j // 2), mask=rot)"),
-        ("(j // 2) * SD, mask=rot)", "(j // 2), mask=rot)"),
+        ("pair_table(cos, b * CB + s * CS, CD,", "pair_table(cos, b * CB + s * CS, 1,"),
+        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * SB + s * SS, 1,"),
     ),
     mutant(
         "qnorm.cos_batch_stride_ignored",
         QNORM,
         FORWARD,
         "forward reads cos/sin without their batch stride (assumes expand)",
-        ("tl.load(cos + (b * CB + s * CS)", "tl.load(cos + (s * CS)"),
-        ("tl.load(sin + (b * SB + s * SS)", "tl.load(sin + (s * SS)"),
+        ("pair_table(cos, b * CB + s * CS,", "pair_table(cos, s * CS,"),
+        ("pair_table(sin, b * SB + s * SS,", "pair_table(sin, s * SS,"),
     ),
     mutant(
         "qnorm.backward_table_channel_stride_ignored",
@@ -416,7 +445,7 @@ MUTANTS = [
         "_outputs",
         "forward output in head-major storage (values right, layout wrong)",
         ("return token_major_empty(x),", "return torch.empty(x.shape, dtype=x.dtype, device=x.device),"),
-        (FORWARD, "tl.store(out + (row * D)[:, None] + c,", "tl.store(out + (((b * H + h) * S + s) * D)[:, None] + c,"),
+        (FORWARD, "out_row = out + (row * D)[:, None]", "out_row = out + (((b * H + h) * S + s) * D)[:, None]"),
     ),
     mutant(
         "qnorm.backward_output_like_x",
