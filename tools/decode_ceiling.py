@@ -68,7 +68,7 @@ from dsrope import qnorm_rope as qnorm_module
 from dsrope import rope as rope_module
 from dsrope.interpreter import INTERPRET
 from dsrope.pair_rotation import pair_table, swap_pairs
-from dsrope.tiles import next_pow2, tile_config
+from dsrope.tiles import next_pow2, spread_rows, tile_config
 
 D, R, EPS = 512, 64, 1e-6  # bench.bench's
 SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench.DECODE_SHAPES
@@ -240,8 +240,8 @@ def qnorm_tile():
 
 
 def rope_tile(rows):
-    """The out-of-place partial RoPE launcher's tile: rope._launch's rotate_config."""
-    config = rope_module.rotate_config(D, R, rows, torch.device("cuda"))
+    """The out-of-place partial RoPE launcher's tile: rope._launch's spread_rows(tile_config(dim, 1024))."""
+    config = spread_rows(tile_config(D, 1024), rows, device())
     return config["M"], config.get("num_warps", 1)
 
 
@@ -372,7 +372,7 @@ def make_call(v: Variant, t: Inputs):
         grid = (triton.cdiv(rows, v.M),)
         return grid[0], lambda: rope_module._rotate[grid](
             x, t.cos, t.sin, t.out, rows, s, h, d, R, *x.stride(), *tables,
-            INVERSE=False, M=v.M, BLOCK=next_pow2(d), RBLOCK=next_pow2(R), num_warps=v.warps,
+            INVERSE=False, M=v.M, BLOCK=next_pow2(d), num_warps=v.warps,
         )  # fmt: skip
     if v.kind == "stage":
         grid = (triton.cdiv(rows, v.M),)

@@ -155,6 +155,22 @@ for phase in "$@"; do
       for t in B C D; do echo "===== $t"; head -c 6000 "$OUT/bisect-$t.log"; echo; done
       DSROPE_WARM=0 timeout 200 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_violations.py \
         -k "decode or underflow" 2>&1 | tail -12 ;;
+    # issue 36, one call: the kernel bits of this tree against 3e8890d's on the same device (and against the
+    # committed H200 snapshot on an H200), the whole gpu-tests, the QNorm forward's sweep (prefill and
+    # decode, the kernel of 3e8890d beside it), then the bench's rows of ours (--impls triton) with targets.
+    final36)
+      rm -rf /tmp/gA && cp -r golden /tmp/gA
+      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+      rm -rf /tmp/gH && cp -r golden /tmp/gH
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+      cat "$OUT/bits.log"
+      timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
+      timeout 130 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out /tmp/sweep --baseline sweep_baseline 2>&1 \
+        | grep -E "best M=|^decode qnorm|^copy" > "$OUT/sweep.log"; cat "$OUT/sweep.log"
+      timeout 200 python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
+      tail -30 "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records

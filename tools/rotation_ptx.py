@@ -10,8 +10,7 @@ device. Two comparisons:
   `own * cs + t`, the compiler's choice of which product to fuse (dsrope.pair_rotation.rotate_lane);
 - `--against SRC`: the kernels as committed against those of another tree's src/ folder (an older commit,
   e.g. `git worktree add /tmp/old <rev>`, then `--against /tmp/old/src`): a refactor of the kernels
-  (renamed variables) must leave every specialization's PTX as it was (same kernel signatures: the
-  split `_rotate` takes RBLOCK, the one before it did not).
+  (renamed variables) must leave every specialization's PTX as it was (same kernel signatures).
 - `--form`: no comparison; every specialization's PTX must compute the rotation as rotate_lane writes it,
   fma(own, cos, rn(+-partner * sin)): each f32 fma that takes a value loaded through cos or sin has an
   addend that is an f32 `mul` (rounded: ptxas does not contract a product into another fma's addend) of
@@ -49,11 +48,11 @@ from dsrope import qnorm_rope, rope
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = ("fp16", "bf16", "fp32")
-# (HEADS, DIM, ROTARY, M, BLOCK, RBLOCK, warps) of _rotate; (HEADS, DIM, ROTARY, M, GROUP, BLOCK, warps) of the in-place
-ROTATE = [(8, 512, 64, 2, 512, 64, 1), (3, 96, 32, 8, 128, 32, 1), (1, 34, 34, 16, 64, 64, 1)]
+# (HEADS, DIM, ROTARY, M, BLOCK, warps) of _rotate; (HEADS, DIM, ROTARY, M, GROUP, BLOCK, warps) of the in-place
+ROTATE = [(8, 512, 64, 2, 512, 1), (3, 96, 32, 8, 128, 1), (1, 34, 34, 16, 64, 1)]
 INPLACE = [(64, 512, 64, 16, 2, 64, 4), (64, 512, 64, 4, 4, 64, 4), (1, 34, 34, 4, 1, 64, 4), (3, 96, 32, 32, 2, 32, 4)]
 KERNELS = {
-    "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK", "RBLOCK")),
+    "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK")),
     "_rotate_inplace": (INPLACE, ("HEADS", "DIM", "ROTARY", "M", "GROUP", "BLOCK")),
 }
 # (H, D, R, M, BLOCK, RBLOCK, warps) of the QNorm forward at the launcher's tiles (tile_config(D, 2048);

@@ -11,8 +11,8 @@ warps) calls.
     python -m tools.sweep --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
-version, at its own config) in the same run, for an A/B comparison; its `_rotate` is the one-tile form
-before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
+version, at its own config) in the same run, for an A/B comparison; its `_qnorm_rope` is the one-tile
+form before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
 sweep_baseline/old_rope.py; git show 3e8890d:src/dsrope/qnorm_rope.py > sweep_baseline/old_qnorm_rope.py`.
 
     python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
@@ -32,6 +32,7 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from dsrope import qnorm_rope, rope  # noqa: E402
+from dsrope.tiles import spread_rows, tile_config  # noqa: E402
 from dsrope_gate.targets import load_module  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
@@ -77,8 +78,7 @@ def launch(kernel, t, config, old=None):
     tables = (*cos.stride(), *sin.stride())
     kw = dict(config, BLOCK=D)
     mod_rope, mod_qnorm = old or (rope, qnorm_rope)
-    if kernel == "rope":  # the split form (RBLOCK); the earlier kernel had one tile a row
-        kw = kw if old else dict(kw, RBLOCK=R)
+    if kernel == "rope":
         return 2 * n, lambda: mod_rope._rotate[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
         )
@@ -147,7 +147,7 @@ OLD_ROPE_DECODE = [dict(M=1, num_warps=1), dict(M=2, num_warps=1)]
 
 def decode_rope(old):
     """The out-of-place kernel at decode under CUDA graph replay (us per call): every config with M <= 8, the
-    launcher (rope.rotate_config: ROTATE_ELEMENTS and spread_rows, which this is to choose),
+    launcher (spread_rows(tile_config(D, 1024))),
     the earlier kernel (--baseline) at its launcher's tiles, and a copy_ of the same bytes."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
@@ -162,7 +162,7 @@ def decode_rope(old):
         for us, version, c in sorted(found, key=lambda f: f[0]):
             print(f"decode rope B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
-        launcher = rope.rotate_config(D, R, b * h, x.device)
+        launcher = spread_rows(tile_config(D, 1024), b * h, x.device)
         us = per_replayed_call_us(functools.partial(rope._launch, x, cos, sin, R, False))
         print(f"decode rope B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
@@ -188,9 +188,7 @@ def decode_qnorm(old):
         for us, version, c in sorted(found, key=lambda f: f[0]):
             print(f"decode qnorm B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
-        from dsrope.tiles import spread_rows, tile_config
-
-        launcher = spread_rows(tile_config(D, qnorm_rope.FORWARD_ELEMENTS), b * h, x.device)
+        launcher = tile_config(D, qnorm_rope.FORWARD_ELEMENTS)
         us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS))
         print(f"decode qnorm B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip

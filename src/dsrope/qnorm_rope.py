@@ -24,7 +24,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
-from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
+from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
 @triton.jit
@@ -74,6 +74,14 @@ def _qnorm_rope(
     out_row = out + (row * D)[:, None]
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
+    # the rotary channels on a tile of their own, pair k = lanes (2k, 2k+1), and their table entries:
+    # loaded before the row sum, so that their latency overlaps the reduction's (decode, docs/decode.md)
+    j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
+    in_slice = row_ok[:, None] & (j < R)
+    rotary_channel = j + (D - R)
+    own = tl.load(x_row + rotary_channel * XD, mask=in_slice).to(tl.float32)
+    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)
+    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)
 
     r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)
     tl.store(rstd + row, r, mask=row_ok)
@@ -81,16 +89,8 @@ def _qnorm_rope(
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
     tl.store(out_row + c, (v * r[:, None]).to(dtype), mask=valid & ~rot)
-
-    # the rotary channels: pair k = lanes (2k, 2k+1) of their own tile
-    j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
-    in_slice = row_ok[:, None] & (j < R)
-    rotary_channel = j + (D - R)
-    own = tl.load(x_row + rotary_channel * XD, mask=in_slice).to(tl.float32)
     own = (own * r[:, None]).to(dtype).to(tl.float32)
     partner = swap_pairs(own, M, RBLOCK)
-    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)
-    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
     rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, -partner) * sn)
     tl.store(out_row + rotary_channel, rotated.to(dtype), mask=in_slice)
@@ -140,9 +140,8 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    # fewer rows per program where the rows are few (decode), as partial RoPE: the bits stay
-    # (spread_rows says where and why; tests/test_gpu.py holds them to the prefill tile)
-    config = spread_rows(tile_config(dim, FORWARD_ELEMENTS), rows, x.device)
+    # one tile at every size: fewer rows per program at decode moved rstd's bits (tiles.spread_rows)
+    config = tile_config(dim, FORWARD_ELEMENTS)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,

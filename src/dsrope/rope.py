@@ -2,9 +2,9 @@
 
 Rows are walked in token-major order, `row = (b*S + s)*H + h`, so the output is written as a
 contiguous [B, S, H, D] buffer while `x` is read through its own strides (no transpose copy).
-The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1), on a
-tile of their own; the leading D-R channels are copied on another. Math is FP32 (compiled: each lane
-fma(own, cos, rn(+-partner * sin)), written out in `rotate_lane`), rounded once more at the store.
+The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1); the
+leading D-R channels are copied. Math is FP32 (compiled: each lane fma(own, cos, rn(+-partner * sin)),
+written out in `rotate_lane`), rounded once more at the store.
 
 In place (`apply_partial_rope_triton_`): only the R rotary channels of each row are read and written,
 through x's own strides, with the same arithmetic (the same bits); the leading D-R channels are not
@@ -30,16 +30,13 @@ def _rotate(
     x, cos, sin, out, rows, SEQUENCE,
     HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    INVERSE: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
+    INVERSE: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """Rotate M rows of x [B, H, S, D] into token-major storage `out` [B, S, H, D].
 
-    Two tiles a row, each loaded and stored contiguously: the leading D - R channels copied on an
-    [M, BLOCK] tile, the ROTARY channels rotated on their own [M, RBLOCK] tile as _rotate_inplace
-    does it (partner from registers, swap_pairs; one table load per pair, pair_table). The rotation's
-    arithmetic on the rotary tile only: with it on the whole row's tile every lane paid its partner
-    and table addressing (docs/decode.md: 1.18-1.31x copy at decode for the split form, 1.77-1.93x
-    for the whole-row form). INVERSE negates the sine: the backward is the same kernel.
+    Each row is one contiguous tile of channels; a rotary lane also loads its pair partner
+    (position j ^ 1 within the rotary slice, same cache lines), so loads and stores stay
+    contiguous. INVERSE negates the sine: the backward is the same kernel.
     """
     # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -51,42 +48,27 @@ def _rotate(
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * DIM)[:, None]
 
-    # the leading channels: a copy
     channel = tl.arange(0, BLOCK).to(tl.int64)[None, :]
-    passed = row_ok[:, None] & (channel < DIM - ROTARY)
-    tl.store(out_row + channel, tl.load(x_row + channel * XD, mask=passed), mask=passed)
-
-    # the rotary channels: pair k = lanes (2k, 2k+1) of the tile; int64: channel * XD passes 2**31
-    j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
-    rot = row_ok[:, None] & (j < ROTARY)
+    valid = row_ok[:, None] & (channel < DIM)
+    j = channel - (DIM - ROTARY)  # position inside the rotary slice; pair k = j // 2
+    rot = valid & (j >= 0)
     second = (j & 1) == 1  # second channel of its pair
-    rotary_channel = j + (DIM - ROTARY)
+    # j ^ 1 is the partner's position; a select between channel - 1 and channel + 1 made the compiler
+    # treat the partner addresses as contiguous and vectorize them (wrong values for odd D - R on H200)
+    partner_channel = (j ^ 1) + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    own = tl.load(x_row + rotary_channel * XD, mask=rot).to(tl.float32)
-    partner = swap_pairs(own, M, RBLOCK)
-    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, ROTARY // 2, M, RBLOCK)
-    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, ROTARY // 2, M, RBLOCK)
+    value = tl.load(x_row + channel * XD, mask=valid)
+    own = value.to(tl.float32)
+    partner = tl.load(x_row + partner_channel * XD, mask=rot).to(tl.float32)
+    k = j // 2
+    cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
+    sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
         sn = -sn
     # first of a pair: a*c - b*s; second: b*c + a*s
     rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
-    tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)
-
-
-def rotate_config(dim: int, rotary: int, rows: int, device: torch.device) -> dict:
-    """Tile of _rotate: M rows a program (spread_rows where the rows are few), BLOCK lanes for the leading
-    channels, RBLOCK for the rotary ones, warps.
-
-    The grid is the one the H200 sweep chose for the whole-row form (ROTATE_ELEMENTS = 1024: M = 2 at
-    D = 512; spread_rows: two programs per SM at decode; docs/perf.md): the split form runs on it unchanged
-    until its own sweep (`python -m tools.sweep --kernels rope --decode --baseline sweep_baseline`,
-    tools/gpu_run.sh decode-dev) has been run on the H200. Any tile gives every element the same
-    instructions (no reduction): the bits do not depend on it.
-    """
-    return {**spread_rows(tile_config(dim, ROTATE_ELEMENTS), rows, device), "RBLOCK": next_pow2(rotary)}
-
-
-ROTATE_ELEMENTS = 1024
+    result = tl.where(rot, rotated.to(out.dtype.element_ty), value)
+    tl.store(out_row + channel, result, mask=valid)
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:
@@ -96,7 +78,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = rotate_config(dim, rotary, rows, x.device)
+    config = spread_rows(tile_config(dim, 1024), rows, x.device)
     _rotate[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,

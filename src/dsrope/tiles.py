@@ -19,8 +19,8 @@ def tile_config(dim: int, elements: int, warps: int = 1) -> dict:
     """Rows per program (M), channel tile (BLOCK) and warps for a kernel walking rows of `dim`.
 
     The interpreter pays per program: big blocks on CPU. On the H200 small programs won
-    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 2048 x 1 for the QNorm forward,
-    1024 x 2 for its backward; partial RoPE's is rope.ROTATE_ELEMENTS. The dict is shared between
+    (tools/sweep.py, docs/perf.md): `elements` per program and `warps`, 1024 x 1 warp for partial
+    RoPE, 2048 x 1 for the QNorm forward, 1024 x 2 for its backward. The dict is shared between
     calls: read it, never change it.
     """
     block = next_pow2(dim)
@@ -36,17 +36,16 @@ def _programs_wanted(device_index: int) -> int:
 
 def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
     """`config` with fewer rows per program where there are too few rows to give every SM two
-    programs (decode: S = 1, B * H rows), for partial RoPE and the QNorm forward: the smallest
-    launches are latency-bound. A row's result must not depend on how many rows share its launch.
-    Partial RoPE computes each element by the same instructions for any M (no reduction). The QNorm
-    forward's row sum of squares follows the tile's layout: at BLOCK >= 256 with one warp every M
-    gives each row the whole warp along its channels (sizePerThread [1, 8] or [1, 4] for FP32,
-    threadsPerWarp [1, 32] on triton 3.6 for sm_90), hence one order of summation; below that the
-    warp is split across rows and M changes the order. An earlier QNorm forward at one row per program
-    gave rstd 1 ulp apart on rows of the huge-fp16 and huge-fp32 goldens (docs/gpu-runs.md);
-    tests/test_gpu.py and the H200 snapshot (whose goldens launch with fewer rows per program) hold
-    the bits now. Not for the QNorm backward (two warps). BLOCK >= 256 only (the decode geometry,
-    D = 512), where it was measured."""
+    programs (decode: S = 1, B * H rows), for partial RoPE: the smallest launches are latency-bound.
+    Each output element is computed by the same instructions for any M (no reduction), so the bits
+    do not change. Not for the QNorm kernels: a row's result must not depend on how many rows share
+    its launch, and there M changes a row's sum of squares in the last bit on some rows. Measured
+    twice: on the H200 (docs/gpu-runs.md) and on an H100 on 2026-12-05 (the split forward with this
+    rule at decode against 3e8890d's kernels, same device): rstd 1 ulp apart on 4 of the 12 rows of
+    the huge-fp16 golden and 2 of huge-fp32, out up to 16 ulp (FP32), although the triton 3.6 layout
+    of the [M, 512] tile is threadsPerWarp [1, 32] for every M and random rows spanning 2**-60 to
+    2**60 kept their bits (docs/decode.md). BLOCK >= 256 only (the decode geometry, D = 512), where
+    it was measured."""
     m = config["M"]
     if INTERPRET or config["BLOCK"] < 256 or rows >= m * _programs_wanted(device.index):
         return config
