@@ -60,7 +60,7 @@ for phase in "$@"; do
       export DSROPE_PEERS_CACHE=$PWD/.whl/peers
       timeout 130 python3 -m bench.bench --backward --peers --out "$OUT/bench-fwd-bwd" > "$OUT/fwd_bwd.log" 2>&1
       echo "bench --backward rc $?"; grep -v "^op=" "$OUT/fwd_bwd.log" | tail -8; rm -f "$OUT/bench-fwd-bwd/fwd_bwd.csv"
-      timeout 100 python3 -m bench.bench --decode --peers --out "$OUT/bench-decode-peers" > "$OUT/decode_peers.log" 2>&1
+      timeout 160 python3 -m bench.bench --decode --peers --out "$OUT/bench-decode-peers" > "$OUT/decode_peers.log" 2>&1
       echo "bench --decode --peers rc $?"; tail -4 "$OUT/decode_peers.log"; rm -f "$OUT/bench-decode-peers/inplace_decode.csv" ;;
     # issue 34: the parity matrix of every preset on CUDA (the peers carried in .whl/peers, as for `peers`)
     parity)
