@@ -136,24 +136,41 @@ def test_worker_sees_its_pinned_gpu():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("batch,dim", [(1, 512), (4, 512), (1, 320)])
-def test_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
-    """Decode shapes (S=1, B*H rows) launch partial RoPE with fewer rows per program
-    (dsrope.tiles.spread_rows); every bit must stay what the prefill config computes, on rows spanning
-    the dtype's range."""
+@pytest.mark.parametrize(
+    "kernel,batch,dim",
+    # batches whose rows spread (partial RoPE's prefill tile is M = 2 at D = 512, the QNorm forward's M = 4)
+    [("partial_rope", 1, 512), ("partial_rope", 4, 512), ("partial_rope", 1, 320)]
+    + [("qnorm_rope", 1, 512), ("qnorm_rope", 4, 512), ("qnorm_rope", 16, 512), ("qnorm_rope", 1, 320)],
+)
+def test_decode_rows_per_program_keep_the_bits(kernel, batch, dim, dtype, monkeypatch):
+    """Decode shapes (S=1, B*H rows, channel-contiguous x) launch partial RoPE and the QNorm forward with
+    fewer rows per program (dsrope.tiles.spread_rows); every bit (out, and the QNorm's saved rstd) must
+    stay what the prefill tile computes, on rows spanning the dtype's range. (A channel-strided x keeps
+    the QNorm's prefill tile: there M changes the row sum's order; the snapshot's huge goldens hold it.)"""
+    import dsrope.qnorm_rope
     import dsrope.rope
     from dsrope.tiles import spread_rows, tile_config
 
+    module, elements = (dsrope.rope, 1024)
+    if kernel == "qnorm_rope":
+        module, elements = dsrope.qnorm_rope, dsrope.qnorm_rope.FORWARD_ELEMENTS
     rows = batch * 64
-    prefill_m = tile_config(dim, 1024)["M"]
-    assert spread_rows(tile_config(dim, 1024), rows, torch.device(DEVICE))["M"] < prefill_m
+    prefill_m = tile_config(dim, elements)["M"]
+    assert spread_rows(tile_config(dim, elements), rows, torch.device(DEVICE))["M"] < prefill_m
     g = torch.Generator(device=DEVICE).manual_seed(8)
     top = {torch.float32: 60, torch.float16: 12, torch.bfloat16: 60}[dtype]  # 2**top * 5 sigma stays finite
     scale = 2.0 ** torch.linspace(-top, top, rows, device=DEVICE).round()
     x = torch.randn(batch, 1, 64, dim, device=DEVICE, generator=g) * scale.view(batch, 1, 64, 1)
     x = x.to(dtype).transpose(1, 2)
     cos, sin = tables(batch, 1, ROTARY, seed=9)
-    spread = apply_partial_rope_triton(x, cos, sin, ROTARY)
-    monkeypatch.setattr(dsrope.rope, "spread_rows", lambda config, rows, device: config)
-    prefill = apply_partial_rope_triton(x, cos, sin, ROTARY)
-    assert torch.equal(bits(spread), bits(prefill))
+
+    def run():
+        if kernel == "partial_rope":
+            return (apply_partial_rope_triton(x, cos, sin, ROTARY),)
+        return torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
+
+    spread = run()
+    monkeypatch.setattr(module, "spread_rows", lambda config, rows, device: config)
+    prefill = run()
+    for a, b in zip(spread, prefill, strict=True):
+        assert torch.equal(bits(a), bits(b))

@@ -19,6 +19,12 @@ device. Two comparisons:
   kernel change that keeps this form on every specialization keeps the rotation's bits (the same
   operations on the same rounded operands). `--form` also checks the QNorm forward `_qnorm_rope` at the
   launcher's tiles (its row sum of squares is fmas and adds of x alone, which the rule leaves aside).
+- `--rows-per-program`: the QNorm forward's row sum of squares (the operand of each rsqrt, x's elements
+  named by their offset in the row) at M = 1, 2, 4, 8 rows a program against M = 4, the prefill tile, for a
+  channel-contiguous and a channel-strided x; exits 1 unless every contiguous row agrees (what
+  `spread_rows` for the QNorm forward relies on, dsrope.tiles). Written against triton 3.6's PTX (the
+  device's): triton 3.9 sums a thread's elements as a tree and contracts the division by D into an fma
+  with eps, and this reader finds no agreement there (exit 1) without telling why.
 
 Run it with the device's Triton (the H200 has triton 3.6.0), in a venv of its own:
 
@@ -213,6 +219,83 @@ def rotation_form(text: str) -> str:
     return ""
 
 
+LOAD = re.compile(r"(?:@!?%\w+\s+)?ld\.global(?:\.\w+)*\.b(?:16|32)\s+\{([^}]*)\}, \[ (%rd\d+) \+ (-?\d+) \]")
+
+
+def row_sums(text: str) -> list[str]:
+    """The operand of every rsqrt in the PTX (one per row of a program: the row's sum of squares over D,
+    plus eps) as an expression, x's elements named by their byte offset from the row's address, the
+    register word and the 16-bit half; equal expressions are the same additions in the same order."""
+    offsets, halves, x, defined = {}, {}, {}, {}
+    for line in (re.sub(r"//.*", "", line).strip() for line in text.split("\t.section\t.debug")[0].splitlines()):
+        if found := re.match(r"add\.s64\s+(%rd\d+), (%rd\d+), (-?\d+);", line):
+            offsets[found.group(1)] = (found.group(2), int(found.group(3)))
+        if found := LOAD.match(line):
+            for word, register in enumerate(REGISTER.findall(found.group(1))):
+                x[register] = (found.group(2), int(found.group(3)), word, 0)
+            continue
+        if found := re.match(r"mov\.b32\s+\{(%\w+), (%\w+)\}, (%\w+);", line):
+            halves[found.group(1)], halves[found.group(2)] = (found.group(3), 0), (found.group(3), 1)
+            continue
+        found = re.match(r"cvt\.f32\.b?f16\s+(%\w+), (%\w+);", line)
+        if found and found.group(2) in halves and halves[found.group(2)][0] in x:
+            packed, half = halves[found.group(2)]
+            x[found.group(1)] = (*x[packed][:3], half)
+            continue
+        if (found := INSTRUCTION.match(line)) and not found.group(1).startswith(("st.", "bar.", "bra", "ret")):
+            operands = re.findall(r"%\w+|0[fF][0-9A-Fa-f]+|\b\d+\b", found.group(2))
+            if operands:
+                defined.setdefault(operands[0], (found.group(1), operands[1:]))  # the first definition
+
+    def base(register, offset):
+        while register in offsets:
+            register, step = offsets[register]
+            offset += step
+        return register, offset
+
+    def expression(register, bases, seen=()):
+        if register in x:
+            address, offset, word, half = x[register]
+            row, offset = base(address, offset)
+            return f"x[{bases.setdefault(row, len(bases))}+{offset}:{word}.{half}]"
+        if register in seen or register not in defined:
+            return register if not register.startswith("%") else "?"
+        op, operands = defined[register]
+        if op.startswith("shfl."):  # the value and the lane offset; the clamp and member mask are no arithmetic
+            return f"{op}[{operands[1]}]({expression(operands[0], bases, seen + (register,))})"
+        return f"{op}({','.join(expression(o, bases, seen + (register,)) for o in operands)})"
+
+    def from_row_start(sum_of_squares: str) -> str:  # offsets from the row's first element
+        element = re.compile(r"x\[(\d+)\+(-?\d+):")
+        first = {}
+        for row, offset in element.findall(sum_of_squares):
+            first[row] = min(first.get(row, int(offset)), int(offset))
+        return element.sub(lambda f: f"x[{f.group(1)}+{int(f.group(2)) - first[f.group(1)]}:", sum_of_squares)
+
+    rsqrt = re.compile(r"\s*rsqrt\.approx\.\w*\.?f32\s+%\w+, (%\w+);")
+    sums = [expression(found.group(1), {}) for line in text.splitlines() if (found := rsqrt.match(line))]
+    return [from_row_start(s) for s in sums]
+
+
+def rows_per_program_report() -> bool:
+    """Whether each row's sum of squares in the QNorm forward is the same PTX at every rows-per-program M
+    (D = 512, one warp) as at the prefill tile's M = 4, per dtype, for a channel-contiguous and a
+    channel-strided x. True when the contiguous rows agree everywhere (what the launcher's spread_rows
+    needs); the strided ones are printed, not required."""
+    ok = True
+    for dtype, contiguous in itertools.product(DTYPES, (True, False)):
+        sums = {}
+        for m in (1, 2, 4, 8):
+            const = dict(H=8, D=512, R=64, M=m, BLOCK=512, RBLOCK=64, EPS=1e-6)
+            sums[m] = row_sums(ptx(qnorm_rope._qnorm_rope, dtype, const, contiguous, True, True, True, 1))
+        same = [m for m in sums if sums[m] and set(sums[m]) == {sums[4][0]}]
+        layout = "channel-contiguous" if contiguous else "channel-strided"
+        print(f"_qnorm_rope {dtype} {layout}: every row as at M = 4 for M in {same} of [1, 2, 4, 8]", end="")
+        print(f" (triton {triton.__version__})")
+        ok = ok and (not contiguous or same == [1, 2, 4, 8])
+    return ok
+
+
 def form_report() -> bool:
     """Every specialization of both kernels in rotate_lane's form; prints a count per kernel."""
     ok = True
@@ -247,11 +330,16 @@ def main(argv=None) -> int:
     ap.add_argument("--against", type=Path, help="another tree's src/ folder: compare its kernels' PTX with these")
     ap.add_argument("--form", action="store_true", help="check that every specialization has rotate_lane's form")
     ap.add_argument("--digests", action="store_true", help="print this tree's PTX digests as JSON (for --against)")
+    ap.add_argument(
+        "--rows-per-program", action="store_true", help="the QNorm forward's row sums at M = 1, 2, 4, 8 against M = 4"
+    )
     args = ap.parse_args(argv)
     if args.digests:
         print(json.dumps(digests(rope)))
         return 0
     print(f"committed kernels: {rope.__file__}", flush=True)
+    if args.rows_per_program:
+        return 0 if rows_per_program_report() else 1
     if args.form:
         return 0 if form_report() else 1
     if args.against:

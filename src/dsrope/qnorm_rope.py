@@ -24,7 +24,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
-from dsrope.tiles import next_pow2, tile_config, token_major_empty
+from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
 
 
 @triton.jit
@@ -140,8 +140,9 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    # one tile at every size: fewer rows per program at decode moved rstd's bits (tiles.spread_rows)
     config = tile_config(dim, FORWARD_ELEMENTS)
+    if x.stride(-1) == 1:  # fewer rows per program at decode: the bits stay only for contiguous channels
+        config = spread_rows(config, rows, x.device)  # (tiles.spread_rows says why)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,

@@ -36,16 +36,19 @@ def _programs_wanted(device_index: int) -> int:
 
 def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
     """`config` with fewer rows per program where there are too few rows to give every SM two
-    programs (decode: S = 1, B * H rows), for partial RoPE: the smallest launches are latency-bound.
-    Each output element is computed by the same instructions for any M (no reduction), so the bits
-    do not change. Not for the QNorm kernels: a row's result must not depend on how many rows share
-    its launch, and there M changes a row's sum of squares in the last bit on some rows. Measured
-    twice: on the H200 (docs/gpu-runs.md) and on an H100 on 2026-12-05 (the split forward with this
-    rule at decode against 3e8890d's kernels, same device): rstd 1 ulp apart on 4 of the 12 rows of
-    the huge-fp16 golden and 2 of huge-fp32, out up to 16 ulp (FP32), although the triton 3.6 layout
-    of the [M, 512] tile is threadsPerWarp [1, 32] for every M and random rows spanning 2**-60 to
-    2**60 kept their bits (docs/decode.md). BLOCK >= 256 only (the decode geometry, D = 512), where
-    it was measured."""
+    programs (decode: S = 1, B * H rows), for partial RoPE and the QNorm forward on channel-contiguous
+    x: the smallest launches are latency-bound. A row's result must not depend on how many rows share
+    its launch. Partial RoPE computes each element by the same instructions for any M (no reduction).
+    The QNorm forward's row sum of squares follows the layout Triton gives the row tile, and that
+    depends on M only where x's channels are strided (triton 3.6, sm_90, D = 512): a contiguous row
+    is loaded 8 (FP32: 4) channels a thread over the warp's 32 threads at every M, hence one order of
+    summation (`python -m tools.rotation_ptx --rows-per-program`: the same per-row PTX at M = 1, 2, 4,
+    8), while a channel-strided row is spread over 32 threads at M = 1 and 8 at M = 4. Measured on an
+    H100 (2026-12-05, docs/decode.md): with this rule applied to every x, the two channel-strided
+    goldens huge-fp16 and huge-fp32 changed (rstd 1 ulp on 4 and 2 of 12 rows) and the 16
+    channel-contiguous goldens of D = 512 kept their bits at M = 1; the launcher asks only for
+    contiguous channels. Not for the QNorm backward (two warps). BLOCK >= 256 only (the decode
+    geometry, D = 512), where it was measured."""
     m = config["M"]
     if INTERPRET or config["BLOCK"] < 256 or rows >= m * _programs_wanted(device.index):
         return config
