@@ -142,6 +142,7 @@ for phase in "$@"; do
     # recorded into a copy of golden/, then, each into a copy of that, the snapshots of: B = 3e8890d with the
     # split _rotate (sweep_baseline/bisect/B), C = this tree without the QNorm forward's spread_rows
     # (sweep_baseline/bisect/C), D = this tree; each report lists what changed against 3e8890d's bits.
+    # B and C were copies of src/ edited by hand for the 2026-12-05 bisect (docs/decode.md), not kept.
     bits-bisect)
       rm -rf /tmp/gA && cp -r golden /tmp/gA
       PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 150 python3 -m tools.golden --update-snapshot --root /tmp/gA 2>&1 | tail -3
