@@ -88,7 +88,7 @@ def _qnorm_rope(
 
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
-    tl.store(out_row + c, (v * r[:, None]).to(dtype), mask=valid & ~rot)
+    tl.store(out_row + c, (v * r[:, None]).to(dtype), mask=valid & (c < D - R))  # the leading channels
     own = (own * r[:, None]).to(dtype).to(tl.float32)
     partner = swap_pairs(own, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
