@@ -12,8 +12,7 @@ warps) calls.
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
 version, at its own config) in the same run, for an A/B comparison; its `_qnorm_rope` is the one-tile
-form before the split (no RBLOCK), e.g. `mkdir sweep_baseline; git show 3e8890d:src/dsrope/rope.py >
-sweep_baseline/old_rope.py; git show 3e8890d:src/dsrope/qnorm_rope.py > sweep_baseline/old_qnorm_rope.py`.
+form before the split (no RBLOCK); `bash tools/baseline.sh` writes them (3e8890d's) to sweep_baseline/.
 
     python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
 """
@@ -170,7 +169,7 @@ def decode_rope(old):
 
 def decode_qnorm(old):
     """The QNorm forward at decode under CUDA graph replay (us per call): one warp (more warps change the row
-    sum's order, hence rstd's bits: docs/decode.md) at M = 1, 2, 4, 8, the launcher (spread_rows), the earlier
+    sum's order, hence rstd's bits: docs/decode.md) at M = 1, 2, 4, 8, the launcher (forward_config), the earlier
     kernel (--baseline) at its tile (M = 4), and a copy_ of x's bytes."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
@@ -188,7 +187,7 @@ def decode_qnorm(old):
         for us, version, c in sorted(found, key=lambda f: f[0]):
             print(f"decode qnorm B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
-        launcher = tile_config(D, qnorm_rope.FORWARD_ELEMENTS)
+        launcher = qnorm_rope.forward_config(x, b * h)
         us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS))
         print(f"decode qnorm B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip

@@ -128,6 +128,13 @@ def _qnorm_rope_backward(
 FORWARD_ELEMENTS = 2048
 
 
+def forward_config(x: torch.Tensor, rows: int) -> dict:
+    """The forward's tile for `rows` rows of x: fewer rows per program at decode where x's channels are
+    contiguous, where the bits stay (tiles.spread_rows says why)."""
+    config = tile_config(x.shape[-1], FORWARD_ELEMENTS)
+    return spread_rows(config, rows, x.device) if x.stride(-1) == 1 else config
+
+
 def _outputs(x):
     """The forward's outputs: `out` token-major like x, FP32 `rstd` with one entry per row."""
     batch, heads, seq, _ = x.shape
@@ -140,9 +147,7 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    config = tile_config(dim, FORWARD_ELEMENTS)
-    if x.stride(-1) == 1:  # fewer rows per program at decode: the bits stay only for contiguous channels
-        config = spread_rows(config, rows, x.device)  # (tiles.spread_rows says why)
+    config = forward_config(x, rows)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,

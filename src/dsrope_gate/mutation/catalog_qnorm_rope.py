@@ -95,7 +95,8 @@ MUTANTS = [
         ("shift = (D - R) % 2", "shift = 0"),
         ("rot = valid & (c >= D - R)", "rot = valid & (c < R)"),
         ("second, (D - R + shift) // 2", "second, 0"),
-        # the forward: its pass-through store is masked by the tile's rot; its rotary tile starts at channel 0
+        # the forward: its rotary tile starts at channel 0 (its leading channels stored as before, the rotated
+        # lanes over the first R of them; the trailing R never written)
         (FORWARD, "rotary_channel = j + (D - R)", "rotary_channel = j"),
     ),
     mutant(
@@ -104,7 +105,7 @@ MUTANTS = [
         TILE,
         "rotary lanes start at D-R+1: the first rotary channel is not rotated",
         ("rot = valid & (c >= D - R)", "rot = valid & (c > D - R)"),
-        # the forward's rotary tile: its first lane masked (the pass-through store, masked by rot, writes it)
+        # the forward's rotary tile: its first lane masked (channel D - R never written)
         (FORWARD, "in_slice = row_ok[:, None] & (j < R)", "in_slice = row_ok[:, None] & (j > 0) & (j < R)"),
     ),
     mutant(
