@@ -136,41 +136,80 @@ def test_worker_sees_its_pinned_gpu():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize(
-    "kernel,batch,dim",
-    # batches whose rows spread (partial RoPE's prefill tile is M = 2 at D = 512, the QNorm forward's M = 4)
-    [("partial_rope", 1, 512), ("partial_rope", 4, 512), ("partial_rope", 1, 320)]
-    + [("qnorm_rope", 1, 512), ("qnorm_rope", 4, 512), ("qnorm_rope", 16, 512), ("qnorm_rope", 1, 320)],
-)
-def test_decode_rows_per_program_keep_the_bits(kernel, batch, dim, dtype, monkeypatch):
-    """Decode shapes (S=1, B*H rows, channel-contiguous x) launch partial RoPE and the QNorm forward with
-    fewer rows per program (dsrope.tiles.spread_rows); every bit (out, and the QNorm's saved rstd) must
-    stay what the prefill tile computes, on rows spanning the dtype's range. (A channel-strided x keeps
-    the QNorm's prefill tile: there M changes the row sum's order; the snapshot's huge goldens hold it.)"""
+@pytest.mark.parametrize("batch,dim", [(1, 512), (4, 512), (16, 512), (1, 320)])
+def test_qnorm_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
+    """Decode shapes (S=1, B*H rows, channel-contiguous x) launch the QNorm forward with fewer rows per
+    program (dsrope.tiles.spread_rows); every bit (out and the saved rstd) must stay what the prefill
+    tile computes, on rows spanning the dtype's range. (A channel-strided x keeps the prefill tile:
+    there M changes the row sum's order; the snapshot's huge goldens hold it.)"""
     import dsrope.qnorm_rope
-    import dsrope.rope
     from dsrope.tiles import spread_rows, tile_config
 
-    module, elements = (dsrope.rope, 1024)
-    if kernel == "qnorm_rope":
-        module, elements = dsrope.qnorm_rope, dsrope.qnorm_rope.FORWARD_ELEMENTS
     rows = batch * 64
-    prefill_m = tile_config(dim, elements)["M"]
-    assert spread_rows(tile_config(dim, elements), rows, torch.device(DEVICE))["M"] < prefill_m
-    g = torch.Generator(device=DEVICE).manual_seed(8)
-    top = {torch.float32: 60, torch.float16: 12, torch.bfloat16: 60}[dtype]  # 2**top * 5 sigma stays finite
-    scale = 2.0 ** torch.linspace(-top, top, rows, device=DEVICE).round()
-    x = torch.randn(batch, 1, 64, dim, device=DEVICE, generator=g) * scale.view(batch, 1, 64, 1)
-    x = x.to(dtype).transpose(1, 2)
+    prefill = tile_config(dim, dsrope.qnorm_rope.FORWARD_ELEMENTS)
+    assert spread_rows(prefill, rows, torch.device(DEVICE))["M"] < prefill["M"]
+    x = decode_rows(batch, dim, dtype, seed=8)
     cos, sin = tables(batch, 1, ROTARY, seed=9)
-
-    def run():
-        if kernel == "partial_rope":
-            return (apply_partial_rope_triton(x, cos, sin, ROTARY),)
-        return torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
-
-    spread = run()
-    monkeypatch.setattr(module, "spread_rows", lambda config, rows, device: config)
-    prefill = run()
-    for a, b in zip(spread, prefill, strict=True):
+    spread = torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
+    monkeypatch.setattr(dsrope.qnorm_rope, "spread_rows", lambda config, rows, device: config)
+    for a, b in zip(spread, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):
         assert torch.equal(bits(a), bits(b))
+
+
+def decode_rows(batch, dim, dtype, seed, heads=64):
+    """x [batch, heads, 1, dim] in token-major storage, rows spanning the dtype's range."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    top = {torch.float32: 60, torch.float16: 12, torch.bfloat16: 60}[dtype]  # 2**top * 5 sigma stays finite
+    rows = batch * heads
+    scale = 2.0 ** torch.linspace(-top, top, rows, device=DEVICE).round()
+    x = torch.randn(batch, 1, heads, dim, device=DEVICE, generator=g) * scale.view(batch, 1, heads, 1)
+    return x.to(dtype).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("batch,dim,channel_outer", [(1, 512, False), (8, 512, False), (4, 320, False), (2, 512, True)])
+def test_partial_rope_forms_keep_the_bits(batch, dim, channel_outer, dtype, monkeypatch):
+    """A decode launch (few rows) runs partial RoPE's split kernel, a prefill launch the whole-row one
+    (dsrope.rope.rotate_config); both must store the same bits, forward and inverse, compiled (the
+    interpreter's case: tests/test_rope.py runs every test on both)."""
+    import dsrope.rope
+
+    x = decode_rows(batch, dim, dtype, seed=10)
+    if channel_outer:  # channels outermost in memory: every load strided
+        x = x.permute(3, 0, 1, 2).contiguous().permute(1, 2, 3, 0)
+    cos, sin = tables(batch, 1, ROTARY, seed=11)
+    assert dsrope.rope.rotate_config(dim, ROTARY, batch * 64)[0] is dsrope.rope._rotate_split
+
+    def run():  # forward, and the backward op: the conjugate rotation of x as an upstream gradient
+        return apply_partial_rope_triton(x, cos, sin, ROTARY), torch.ops.dsrope.partial_rope_backward(
+            x, cos, sin, ROTARY
+        )
+
+    split = run()
+    monkeypatch.setattr(dsrope.rope, "SPLIT_ROWS", -1)
+    for a, b in zip(split, run(), strict=True):
+        assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.slow
+def test_partial_rope_decode_past_2_31_elements():
+    """A decode launch (the split kernel: few rows) whose last batch lies past 2**31 elements of x's
+    storage (batch stride below 2**31, so the kernel gets it as a 32-bit int and must widen b first)."""
+    import dsrope.rope
+
+    batch_stride = 2**30 + 2**20
+    shape = (3, 64, 1, 512)
+    storage = torch.zeros(2 * batch_stride + 64 * 512, device=DEVICE, dtype=torch.bfloat16)
+    x = storage.as_strided(shape, (batch_stride, 512, 512, 1))
+    x.copy_(torch.randn(shape, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(12)))
+    assert x[2].storage_offset() >= 2**31
+    assert dsrope.rope.rotate_config(512, ROTARY, 3 * 64)[0] is dsrope.rope._rotate_split
+    cos, sin = tables(3, 1, ROTARY, seed=13)
+    out = apply_partial_rope_triton(x, cos, sin, ROTARY)
+    back = torch.ops.dsrope.partial_rope_backward(x, cos, sin, ROTARY)
+    small = x.contiguous()
+    del storage, x
+    fwd = partial_rope(small, cos, sin, ROTARY).judge(out)
+    bwd = partial_rope(small, cos, sin, ROTARY, inverse=True).judge(back)
+    assert fwd.violations == 0 and bwd.violations == 0, f"{fwd}\n{bwd}"
+    assert torch.equal(bits(apply_partial_rope_triton(small, cos, sin, ROTARY)), bits(out))

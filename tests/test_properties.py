@@ -34,6 +34,7 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import replace
+from unittest import mock
 
 import torch
 
@@ -54,6 +55,7 @@ from dsrope_reference.rope import partial_rope, tables  # noqa: E402
 from hypothesis import event, example, given, note, target  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import dsrope.rope  # noqa: E402
 from dsrope import apply_partial_rope_triton, qnorm_rope_triton  # noqa: E402
 from dsrope.rope_utils import apply_rotary_emb, apply_rotary_emb_half_split  # noqa: E402
 from dsrope_gate.cases import Case, Drawn, Tables, Values  # noqa: E402
@@ -239,6 +241,18 @@ def test_rope_backward_within_model(case):
     dx = rope_backward(x, cos, sin, case.rotary, grad)
     assert_within(partial_rope(grad, cos, sin, case.rotary, inverse=True).judge(dx), "rope backward")
     untouched.check()
+
+
+@given(case=cases(PARTIAL_ROPE))
+def test_rope_forms_agree(case):
+    """The whole-row kernel (prefill launches) stores the split kernel's bits (decode launches, and
+    every launch of this module: its rows are few), forward and backward (dsrope.rope.rotate_config)."""
+    x, cos, sin, grad = build(case, "test_rope_forms_agree")
+    split = rope(x, cos, sin, case.rotary), rope_backward(x, cos, sin, case.rotary, grad)
+    with mock.patch.object(dsrope.rope, "SPLIT_ROWS", -1):
+        whole_row = rope(x, cos, sin, case.rotary), rope_backward(x, cos, sin, case.rotary, grad)
+    assert_identical(whole_row[0], split[0], "rope forward, whole-row kernel against split")
+    assert_identical(whole_row[1], split[1], "rope backward, whole-row kernel against split")
 
 
 @given(case=cases(PARTIAL_ROPE))

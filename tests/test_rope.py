@@ -9,6 +9,7 @@ import pytest
 import torch
 from dsrope_reference.rope import partial_rope
 
+import dsrope.rope
 from dsrope import apply_partial_rope_triton
 from dsrope.rope import partial_rope as partial_rope_op
 from dsrope.rope import partial_rope_backward as partial_rope_backward_op
@@ -31,6 +32,15 @@ def forward(x, cos, sin, rotary):
     assert out.shape == x.shape and out.dtype == x.dtype
     assert out.transpose(1, 2).is_contiguous(), f"output not token-major: {layout_of(out)}"
     return out
+
+
+@pytest.fixture(autouse=True, params=["split", "whole_row"])
+def form(request, monkeypatch):
+    """Every test on both out-of-place kernels (dsrope.rope.rotate_config): the split one, which the
+    launcher takes for launches of few rows (all of this module's), and the whole-row one."""
+    if request.param == "whole_row":
+        monkeypatch.setattr(dsrope.rope, "SPLIT_ROWS", -1)
+    return request.param
 
 
 def assert_within(check, what):

@@ -240,7 +240,8 @@ def qnorm_tile():
 
 
 def rope_tile(rows):
-    """The out-of-place partial RoPE launcher's tile: rope._launch's spread_rows(tile_config(dim, 1024))."""
+    """The out-of-place partial RoPE launcher's tile when this tool was run (2026-12-04, before rope.rotate_config):
+    spread_rows(tile_config(dim, 1024))."""
     config = spread_rows(tile_config(D, 1024), rows, device())
     return config["M"], config.get("num_warps", 1)
 

@@ -172,6 +172,25 @@ for phase in "$@"; do
         | grep -E "best M=|^decode qnorm|^copy" > "$OUT/sweep.log"; cat "$OUT/sweep.log"
       timeout 200 python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
       tail -30 "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
+    # issue 36, the split partial RoPE at decode (rope.rotate_config): the kernel bits of this tree against
+    # 3e8890d's on the same device (and the committed H200 snapshot on an H200) beside the GPU-only mutant of
+    # the split kernel (its >2**31 test), then the whole gpu-tests, the decode sweep of both kernels (the
+    # split kernel's tiles, the whole-row kernel, 3e8890d's), then the bench's rows of ours with targets.
+    split36)
+      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
+      (PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log") &
+      (timeout 200 python3 -m nox -s gpu-mutants -- --only rope.split_int32_offsets --tests test_gpu.py > "$OUT/m.log" 2>&1
+       echo "mutants-gpu rc $?" >> "$OUT/m.log") &
+      wait
+      cat "$OUT/bits.log"; tail -6 "$OUT/m.log"; rm -f "$OUT/m.log"
+      timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
+      timeout 110 python3 -m tools.sweep --kernels rope qnorm_fwd --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
+      echo "sweep rc $?"; grep -E "launcher|^copy" "$OUT/sweep.log"
+      timeout 200 python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
+      tail -30 "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records

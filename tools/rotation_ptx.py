@@ -1,8 +1,8 @@
-"""The PTX for sm_90 of both partial RoPE kernels, compared on a grid of specializations.
+"""The PTX for sm_90 of the partial RoPE kernels, compared on a grid of specializations.
 
-Compiles `_rotate` and `_rotate_inplace` for sm_90 (no GPU needed: Triton's ptxas ships in its wheel) over
-a grid of specializations (dtypes, geometries, channel stride 1 or not, strides and pointers 16-divisible
-or not) and prints, per kernel, how many specializations give the same PTX (debug sections and comments
+Compiles `_rotate`, `_rotate_split` and `_rotate_inplace` for sm_90 (no GPU needed: Triton's ptxas ships in
+its wheel) over a grid of specializations (dtypes, geometries, channel stride 1 or not, strides and pointers
+16-divisible or not) and prints, per kernel, how many specializations give the same PTX (debug sections and comments
 removed) on both sides of a comparison: the same PTX is the same machine code, hence the same bits on the
 device. Two comparisons:
 
@@ -56,9 +56,12 @@ TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = ("fp16", "bf16", "fp32")
 # (HEADS, DIM, ROTARY, M, BLOCK, warps) of _rotate; (HEADS, DIM, ROTARY, M, GROUP, BLOCK, warps) of the in-place
 ROTATE = [(8, 512, 64, 2, 512, 1), (3, 96, 32, 8, 128, 1), (1, 34, 34, 16, 64, 1)]
+# (HEADS, DIM, ROTARY, M, BLOCK, RBLOCK, warps) of _rotate_split at its launcher's tiles (rope.rotate_config)
+SPLIT = [(64, 512, 64, 4, 512, 64, 2), (3, 96, 32, 16, 128, 32, 2), (1, 34, 34, 32, 64, 64, 2)]
 INPLACE = [(64, 512, 64, 16, 2, 64, 4), (64, 512, 64, 4, 4, 64, 4), (1, 34, 34, 4, 1, 64, 4), (3, 96, 32, 32, 2, 32, 4)]
 KERNELS = {
     "_rotate": (ROTATE, ("HEADS", "DIM", "ROTARY", "M", "BLOCK")),
+    "_rotate_split": (SPLIT, ("HEADS", "DIM", "ROTARY", "M", "BLOCK", "RBLOCK")),
     "_rotate_inplace": (INPLACE, ("HEADS", "DIM", "ROTARY", "M", "GROUP", "BLOCK")),
 }
 # (H, D, R, M, BLOCK, RBLOCK, warps) of the QNorm forward at the launcher's tiles (tile_config(D, 2048);
@@ -118,7 +121,8 @@ def specializations(name: str):
     for dtype, geometry, (stride_one, strides16, x16, tables16) in itertools.product(DTYPES, geometries, flags):
         *values, warps = geometry
         const = dict(zip(keys, values, strict=True))
-        extras = {"_rotate": ({"INVERSE": False}, {"INVERSE": True}), "_qnorm_rope": ({"EPS": 1e-6},)}
+        inverse = ({"INVERSE": False}, {"INVERSE": True})
+        extras = {"_rotate": inverse, "_rotate_split": inverse, "_qnorm_rope": ({"EPS": 1e-6},)}
         for extra in extras.get(name, ({},)):
             key = (dtype, geometry, extra, stride_one, strides16, x16, tables16)
             yield repr(key), (dtype, dict(const, **extra), stride_one, strides16, x16, tables16, warps)
@@ -128,6 +132,8 @@ def digests(module) -> dict[str, dict[str, str]]:
     """kernel name -> specialization key -> sha256 of its PTX, for the kernels of `module`."""
     out = {}
     for name in KERNELS:
+        if not hasattr(module, name):  # another tree's rope.py (--against), from before the kernel
+            continue
         kernel = getattr(module, name)
         texts = {key: ptx(kernel, *args) for key, args in specializations(name)}
         out[name] = {key: hashlib.sha256(text.encode()).hexdigest() for key, text in texts.items()}
@@ -315,6 +321,9 @@ def form_report() -> bool:
 def report(mine: dict, theirs: dict, what: str) -> bool:
     same_everywhere = True
     for name in KERNELS:
+        if name not in theirs:  # a kernel the other tree does not have
+            print(f"{name}: not in {what}")
+            continue
         differ = [key for key in mine[name] if mine[name][key] != theirs[name].get(key)]
         same = len(mine[name]) - len(differ)
         print(f"{name}: {same} specializations give the same PTX as {what}, {len(differ)} differ", end="")

@@ -15,6 +15,7 @@ version, at its own config) in the same run, for an A/B comparison; its `_qnorm_
 form before the split (no RBLOCK); `bash tools/baseline.sh` writes them (3e8890d's) to sweep_baseline/.
 
     python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
+    python -m tools.sweep --kernels rope qnorm_fwd --decode-only [--baseline DIR]   # the decode rows alone
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import triton  # noqa: E402
 from triton.testing import do_bench  # noqa: E402
 
 from dsrope import qnorm_rope, rope  # noqa: E402
-from dsrope.tiles import spread_rows, tile_config  # noqa: E402
 from dsrope_gate.targets import load_module  # noqa: E402
 
 D, R, EPS = 512, 64, 1e-6
@@ -80,6 +80,10 @@ def launch(kernel, t, config, old=None):
     if kernel == "rope":
         return 2 * n, lambda: mod_rope._rotate[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
+        )
+    if kernel == "rope_split":  # the decode form (rope.rotate_config)
+        return 2 * n, lambda: rope._rotate_split[grid](
+            x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **dict(kw, RBLOCK=R)
         )
     if kernel == "rope_inplace" and old:  # the earlier kernel: M consecutive token-major rows
         return 2 * rows * R * 2, lambda: mod_rope._rotate_inplace[grid](
@@ -145,15 +149,17 @@ OLD_ROPE_DECODE = [dict(M=1, num_warps=1), dict(M=2, num_warps=1)]
 
 
 def decode_rope(old):
-    """The out-of-place kernel at decode under CUDA graph replay (us per call): every config with M <= 8, the
-    launcher (spread_rows(tile_config(D, 1024))),
-    the earlier kernel (--baseline) at its launcher's tiles, and a copy_ of the same bytes."""
+    """The out-of-place kernels at decode under CUDA graph replay (us per call): the split kernel at every config
+    with M <= 8, the whole-row kernel at M = 1, 2 (one warp), the launcher (rope.rotate_config), the earlier kernel
+    (--baseline) at its launcher's tiles, and a copy_ of the same bytes."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         t = (x, None, cos, sin, torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype), None)
-        found = [(per_replayed_call_us(launch("rope", t, c)[1]), "new", c) for c in CONFIGS if c["M"] <= 8]
+        found = [(per_replayed_call_us(launch("rope_split", t, c)[1]), "split", c) for c in CONFIGS if c["M"] <= 8]
+        whole = [dict(M=m, num_warps=1) for m in (1, 2)]
+        found += [(per_replayed_call_us(launch("rope", t, c)[1]), "whole-row", c) for c in whole]
         if old:
             found += [(per_replayed_call_us(launch("rope", t, c, old)[1]), "old", c) for c in OLD_ROPE_DECODE]
         y = torch.empty_like(x)
@@ -161,10 +167,10 @@ def decode_rope(old):
         for us, version, c in sorted(found, key=lambda f: f[0]):
             print(f"decode rope B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
-        launcher = spread_rows(tile_config(D, 1024), b * h, x.device)
+        kernel, launcher = rope.rotate_config(D, R, b * h)
         us = per_replayed_call_us(functools.partial(rope._launch, x, cos, sin, R, False))
-        print(f"decode rope B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
-              f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
+        print(f"decode rope B={b} H={h} launcher {kernel.__name__} M={launcher['M']} warps={launcher['num_warps']}: "
+              f"{us:.2f} us ({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
 
 
 def decode_qnorm(old):
@@ -237,6 +243,7 @@ def main():
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     decode_help = "rope, qnorm_fwd and rope_inplace at decode shapes (graph replay)"
     parser.add_argument("--decode", action="store_true", help=decode_help)
+    parser.add_argument("--decode-only", action="store_true", help="the decode rows alone (no prefill sweep)")
     parser.add_argument("--one", nargs=4, metavar=("KERNEL", "LAYOUT", "M", "WARPS"))
     args = parser.parse_args()
     KERNEL_CHOICE[:] = args.kernels
@@ -248,6 +255,9 @@ def main():
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
+        return
+    if args.decode_only:
+        decode(load_baseline(args.baseline) if args.baseline else None)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

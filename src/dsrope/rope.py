@@ -13,6 +13,8 @@ touched. Out of place a partial rope must move all D channels; in place it moves
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -20,7 +22,7 @@ import triton.language as tl
 from dsrope.checks import check_rotary, check_table, check_writable, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
-from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
+from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
 # Arguments grouped as the seed groups them (pointers, sizes, each tensor's strides, constexprs);
@@ -71,6 +73,78 @@ def _rotate(
     tl.store(out_row + channel, result, mask=valid)
 
 
+@triton.jit
+def _rotate_split(
+    x, cos, sin, out, rows, SEQUENCE,
+    HEADS: tl.constexpr, DIM: tl.constexpr, ROTARY: tl.constexpr,
+    XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
+    INVERSE: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
+):  # fmt: skip
+    """_rotate's function for launches of few rows (decode), on two tiles a row, each loaded and stored
+    contiguously: the leading D - R channels copied on an [M, BLOCK] tile, the ROTARY channels rotated
+    on their own [M, RBLOCK] tile as _rotate_inplace rotates them (partner from registers, swap_pairs;
+    one table load per pair, pair_table; rotate_lane on the same operands: the same bits as _rotate).
+    At decode a program's time is its instructions, and the whole-row form pays the partner's and the
+    tables' addressing on every lane (docs/decode.md); at prefill the bytes decide, and the whole-row
+    form moved them 1-2% faster (rotate_config).
+    """
+    # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
+    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
+    row_ok = row < rows
+    h = row % HEADS
+    token = row // HEADS
+    s = token % SEQUENCE
+    b = token // SEQUENCE
+    x_row = x + (b * XB + h * XH + s * XS)[:, None]
+    out_row = out + (row * DIM)[:, None]
+
+    # the leading channels: a copy
+    channel = tl.arange(0, BLOCK).to(tl.int64)[None, :]
+    passed = row_ok[:, None] & (channel < DIM - ROTARY)
+    tl.store(out_row + channel, tl.load(x_row + channel * XD, mask=passed), mask=passed)
+
+    # the rotary channels: pair k = lanes (2k, 2k+1) of the tile; int64: channel * XD passes 2**31
+    j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
+    rot = row_ok[:, None] & (j < ROTARY)
+    second = (j & 1) == 1  # second channel of its pair
+    rotary_channel = j + (DIM - ROTARY)
+    # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
+    own = tl.load(x_row + rotary_channel * XD, mask=rot).to(tl.float32)
+    partner = swap_pairs(own, M, RBLOCK)
+    cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, ROTARY // 2, M, RBLOCK)
+    sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, ROTARY // 2, M, RBLOCK)
+    if INVERSE:
+        sn = -sn
+    # first of a pair: a*c - b*s; second: b*c + a*s
+    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)
+
+
+# The out-of-place kernel and its tile by the launch's rows (docs/decode.md, Step 2). Whole-row _rotate,
+# ROTATE_ELEMENTS a program, one warp: the H200 sweep's prefill choice (docs/perf.md). The split form
+# where rows <= SPLIT_ROWS, SPLIT_ELEMENTS a program on SPLIT_WARPS warps (M = 4 at D = 512): on an H100
+# (2026-12-05, tools/sweep.py --kernels rope --decode) the split form's fastest tile or within 0.06 us of
+# it at 128 to 8192 rows, 1.02-1.18x copy_ against the whole-row launch's 1.12-1.28x; at 32768 rows
+# (DRAM-bound) the whole-row kernel was 0.2 us (1%) faster, and at prefill 1-2% of copy bandwidth.
+ROTATE_ELEMENTS = 1024
+SPLIT_ROWS, SPLIT_ELEMENTS, SPLIT_WARPS = 16384, 2048, 2
+
+
+def rotate_config(dim: int, rotary: int, rows: int) -> tuple:
+    """(kernel, tile) of an out-of-place launch of `rows` rows: the split form and its tile where the
+    rows are few, else the whole-row form. Both compute every element by the same instructions (no
+    reduction; rotate_lane on the same operands): the bits depend on neither the form nor the tile
+    (tests/test_rope.py runs both; tests/test_gpu.py holds them to each other's bits on the GPU)."""
+    if rows <= SPLIT_ROWS:
+        return _rotate_split, _split_tile(dim, rotary)
+    return _rotate, tile_config(dim, ROTATE_ELEMENTS)
+
+
+@functools.cache  # host time: once per geometry (tiles.tile_config); the dict is shared, never changed
+def _split_tile(dim: int, rotary: int) -> dict:
+    return {**tile_config(dim, SPLIT_ELEMENTS, SPLIT_WARPS), "RBLOCK": next_pow2(rotary)}
+
+
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, inverse: bool) -> torch.Tensor:
     """Rotate x [B, H, S, D] (any strides) into a [B, H, S, D] view of token-major storage."""
     out = token_major_empty(x)
@@ -78,8 +152,8 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out
-    config = spread_rows(tile_config(dim, 1024), rows, x.device)
-    _rotate[(triton.cdiv(rows, config["M"]),)](
+    kernel, config = rotate_config(dim, rotary, rows)
+    kernel[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
     )  # fmt: skip

@@ -36,10 +36,10 @@ def _programs_wanted(device_index: int) -> int:
 
 def spread_rows(config: dict, rows: int, device: torch.device) -> dict:
     """`config` with fewer rows per program where there are too few rows to give every SM two
-    programs (decode: S = 1, B * H rows), for partial RoPE and the QNorm forward on channel-contiguous
-    x: the smallest launches are latency-bound. A row's result must not depend on how many rows share
-    its launch. Partial RoPE computes each element by the same instructions for any M (no reduction).
-    The QNorm forward's row sum of squares follows the layout Triton gives the row tile, and that
+    programs (decode: S = 1, B * H rows), for the QNorm forward on channel-contiguous x: the smallest
+    launches are latency-bound. (Partial RoPE launches few rows on a kernel of their own,
+    rope.rotate_config.) A row's result must not depend on how many rows share its launch. The QNorm
+    forward's row sum of squares follows the layout Triton gives the row tile, and that
     depends on M only where x's channels are strided (triton 3.6, sm_90, D = 512): a contiguous row
     is loaded 8 (FP32: 4) channels a thread over the warp's 32 threads at every M, hence one order of
     summation (`python -m tools.rotation_ptx --rows-per-program`: the same per-row PTX at M = 1, 2, 4,

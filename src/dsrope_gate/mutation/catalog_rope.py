@@ -1,4 +1,4 @@
-"""Mutants of src/dsrope/rope.py: the kernels _rotate and _rotate_inplace, their launchers, ops and
+"""Mutants of src/dsrope/rope.py: the kernels _rotate, _rotate_split and _rotate_inplace, their launchers, ops and
 autograd.Functions. Each is a realistic fault the suite must kill."""
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ MUTANTS = [
         ROPE,
         "_launch",
         "grid rows // M: the last partial block is never launched",
-        ('_rotate[(triton.cdiv(rows, config["M"]),)]', '_rotate[(rows // config["M"],)]'),
+        ('kernel[(triton.cdiv(rows, config["M"]),)]', 'kernel[(rows // config["M"],)]'),
     ),
     mutant(
         "rope.pass_through_via_fp32",
@@ -288,6 +288,209 @@ MUTANTS = [
         ROPE,
         "_rotate",
         "row index (hence row*D, s*XS) in int32: wraps past 2**31 elements",
+        ("row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)", "row = tl.program_id(0) * M + tl.arange(0, M)"),
+        gpu_only=True,
+    ),
+    # the split kernel of few-row launches (decode): _rotate_split, rotate_config
+    mutant(
+        "rope.split_half_split_pairing",
+        ROPE,
+        "_rotate_split",
+        "split: pairs channel j with j + R/2 (rotate_half) instead of (2k, 2k+1), partner and table loaded per lane",
+        ("second = (j & 1) == 1", "second = j >= ROTARY // 2"),
+        (
+            "partner = swap_pairs(own, M, RBLOCK)",
+            "partner = tl.load(x_row + ((j + ROTARY // 2) % ROTARY + (DIM - ROTARY)) * XD, mask=rot).to(tl.float32)",
+        ),
+        (
+            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, ROTARY // 2, M, RBLOCK)",
+            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + (j % (ROTARY // 2)) * CD, mask=rot)",
+        ),
+        (
+            "sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, ROTARY // 2, M, RBLOCK)",
+            "sn = tl.load(sin + (b * SB + s * SS)[:, None] + (j % (ROTARY // 2)) * SD, mask=rot)",
+        ),
+    ),
+    mutant(
+        "rope.split_sign_on_wrong_lane",
+        ROPE,
+        "_rotate_split",
+        "split: the partner's sign on the wrong lane: a*c + b*s, b*c - a*s",
+        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+    ),
+    mutant(
+        "rope.split_inverse_ignored",
+        ROPE,
+        "_rotate_split",
+        "split: INVERSE ignored: the backward of a decode-sized launch applies the forward rotation",
+        ("    if INVERSE:\n        sn = -sn\n", ""),
+    ),
+    mutant(
+        "rope.split_partner_next_channel",
+        ROPE,
+        "_rotate_split",
+        "split: every lane takes the next channel as its partner (parity ignored), loaded",
+        (
+            "partner = swap_pairs(own, M, RBLOCK)",
+            "partner = tl.load(x_row + (rotary_channel + 1) * XD, mask=rot).to(tl.float32)",
+        ),
+    ),
+    mutant(
+        "rope.split_leading_channels",
+        ROPE,
+        "_rotate_split",
+        "split: rotates the leading R channels and copies the trailing D-R",
+        (
+            "passed = row_ok[:, None] & (channel < DIM - ROTARY)",
+            "passed = row_ok[:, None] & (channel >= ROTARY) & (channel < DIM)",
+        ),
+        ("rotary_channel = j + (DIM - ROTARY)", "rotary_channel = j"),
+    ),
+    mutant(
+        "rope.split_rotary_start_off_by_one",
+        ROPE,
+        "_rotate_split",
+        "split: rotary lanes start at D-R+1: the first rotary channel is copied",
+        ("passed = row_ok[:, None] & (channel < DIM - ROTARY)", "passed = row_ok[:, None] & (channel <= DIM - ROTARY)"),
+        ("rot = row_ok[:, None] & (j < ROTARY)", "rot = row_ok[:, None] & (j > 0) & (j < ROTARY)"),
+    ),
+    mutant(
+        "rope.split_rotation_stored_over_leading",
+        ROPE,
+        "_rotate_split",
+        "split: the rotated lanes are stored over the leading channels (store offset without D - R); the "
+        "trailing channels are never written",
+        (
+            "tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)",
+            "tl.store(out_row + j, rotated.to(out.dtype.element_ty), mask=rot)",
+        ),
+    ),
+    mutant(
+        "rope.split_head_seq_strides_swapped",
+        ROPE,
+        "_rotate_split",
+        "split: x's head and sequence strides swapped",
+        ("h * XH + s * XS", "h * XS + s * XH"),
+    ),
+    mutant(
+        "rope.split_channel_stride_ignored",
+        ROPE,
+        "_rotate_split",
+        "split: the leading channels are loaded assuming channel stride 1",
+        ("tl.load(x_row + channel * XD, mask=passed)", "tl.load(x_row + channel, mask=passed)"),
+    ),
+    mutant(
+        "rope.split_rotary_channel_stride_ignored",
+        ROPE,
+        "_rotate_split",
+        "split: the rotary channels (own value and, through swap_pairs, the partner) loaded assuming channel stride 1",
+        ("own = tl.load(x_row + rotary_channel * XD, mask=rot)", "own = tl.load(x_row + rotary_channel, mask=rot)"),
+    ),
+    mutant(
+        "rope.split_cos_batch_stride_ignored",
+        ROPE,
+        "_rotate_split",
+        "split: cos read without its batch stride (assumes expand)",
+        ("pair_table(cos, b * CB + s * CS, CD,", "pair_table(cos, s * CS, CD,"),
+    ),
+    mutant(
+        "rope.split_sin_read_with_cos_strides",
+        ROPE,
+        "_rotate_split",
+        "split: sin read through cos's strides",
+        ("pair_table(sin, b * SB + s * SS, SD,", "pair_table(sin, b * CB + s * CS, CD,"),
+    ),
+    mutant(
+        "rope.split_table_channel_stride_ignored",
+        ROPE,
+        "_rotate_split",
+        "split: cos's last-dim stride assumed 1",
+        ("pair_table(cos, b * CB + s * CS, CD,", "pair_table(cos, b * CB + s * CS, 1,"),
+    ),
+    mutant(
+        "rope.split_table_index_per_channel",
+        ROPE,
+        "_rotate_split",
+        "split: lane j reads table entry j (a repeat-interleaved [R] table), not pair j // 2",
+        (
+            "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, ROTARY // 2, M, RBLOCK)",
+            "cs = tl.load(cos + (b * CB + s * CS)[:, None] + j * CD, mask=rot)",
+        ),
+        (
+            "sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, ROTARY // 2, M, RBLOCK)",
+            "sn = tl.load(sin + (b * SB + s * SS)[:, None] + j * SD, mask=rot)",
+        ),
+    ),
+    mutant(
+        "rope.split_table_rounded_to_dtype",
+        ROPE,
+        "_rotate_split",
+        "split: cos/sin rounded to x.dtype before the rotation (table precision)",
+        (
+            "ROTARY // 2, M, RBLOCK)\n    sn =",
+            "ROTARY // 2, M, RBLOCK).to(x.dtype.element_ty).to(tl.float32)\n    sn =",
+        ),
+        ("ROTARY // 2, M, RBLOCK)\n    if", "ROTARY // 2, M, RBLOCK).to(x.dtype.element_ty).to(tl.float32)\n    if"),
+    ),
+    mutant(
+        "rope.split_leading_mask_short",
+        ROPE,
+        "_rotate_split",
+        "split: pass-through mask c < D-R-1: the last leading channel is never written",
+        (
+            "passed = row_ok[:, None] & (channel < DIM - ROTARY)",
+            "passed = row_ok[:, None] & (channel < DIM - ROTARY - 1)",
+        ),
+    ),
+    mutant(
+        "rope.split_rotary_mask_long",
+        ROPE,
+        "_rotate_split",
+        "split: rotary mask j <= R: one lane past the row where R is not a power of two (writes past the output)",
+        ("rot = row_ok[:, None] & (j < ROTARY)", "rot = row_ok[:, None] & (j <= ROTARY)"),
+    ),
+    mutant(
+        "rope.split_row_mask_missing",
+        ROPE,
+        "_rotate_split",
+        "split: no row mask: the last block reads and writes past the tensors",
+        (
+            "passed = row_ok[:, None] & (channel < DIM - ROTARY)",
+            "passed = (channel < DIM - ROTARY) & (row >= 0)[:, None]",
+        ),
+        ("rot = row_ok[:, None] & (j < ROTARY)", "rot = (j < ROTARY) & (row >= 0)[:, None]"),
+    ),
+    mutant(
+        "rope.split_truncating_store",
+        ROPE,
+        "_rotate_split",
+        "split: the rotated lanes are stored truncated (rtz), not rounded to nearest even",
+        ("rotated.to(out.dtype.element_ty)", 'rotated.to(out.dtype.element_ty, fp_downcast_rounding="rtz")'),
+    ),
+    mutant(
+        "rope.split_rotary_tile_short",
+        ROPE,
+        "_split_tile",
+        "split: RBLOCK = R // 2 lanes: the second half of the rotary channels is never written",
+        ('"RBLOCK": next_pow2(rotary)', '"RBLOCK": next_pow2(rotary) // 2'),
+    ),
+    mutant(
+        "rope.split_pass_through_via_fp32",
+        ROPE,
+        "_rotate_split",
+        "split: pass-through lanes stored through an FP32 upcast instead of the loaded value",
+        (
+            "tl.load(x_row + channel * XD, mask=passed), mask=passed)",
+            "tl.load(x_row + channel * XD, mask=passed).to(tl.float32).to(out.dtype.element_ty), mask=passed)",
+        ),
+        equivalent="bf16/fp16/fp32 -> fp32 is exact and the way back rounds an exactly representable value "
+        "to itself (NaN stays NaN), so every pass-through lane stores the same bits.",
+    ),
+    mutant(
+        "rope.split_int32_offsets",
+        ROPE,
+        "_rotate_split",
+        "split: row index (hence b*XB, s*XS) in int32: wraps past 2**31 elements",
         ("row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)", "row = tl.program_id(0) * M + tl.arange(0, M)"),
         gpu_only=True,
     ),
