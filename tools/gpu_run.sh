@@ -188,9 +188,11 @@ for phase in "$@"; do
       timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
       PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
       timeout 110 python3 -m tools.sweep --kernels rope qnorm_fwd --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
-      echo "sweep rc $?"; grep -E "launcher|^copy" "$OUT/sweep.log"
-      timeout 200 python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
-      tail -30 "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
+      echo "sweep rc $?"; grep -E "launcher|^copy" "$OUT/sweep.log" ;;
+    # the QNorm forward's prefill tiles with its walk (GROUP heads of M // GROUP tokens a program), 3e8890d's beside
+    qnorm-walk)
+      timeout 150 python3 -m tools.sweep --kernels qnorm_fwd --workers 14 --out "$OUT/sweep-walk" --baseline sweep_baseline > "$OUT/walk.log" 2>&1
+      echo "walk sweep rc $?"; grep -E "^copy|best M=" "$OUT/walk.log" ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
