@@ -193,6 +193,16 @@ for phase in "$@"; do
     qnorm-walk)
       timeout 150 python3 -m tools.sweep --kernels qnorm_fwd --workers 14 --out "$OUT/sweep-walk" --baseline sweep_baseline > "$OUT/walk.log" 2>&1
       echo "walk sweep rc $?"; grep -E "^copy|best M=" "$OUT/walk.log" ;;
+    # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
+    # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
+    bits-bench)
+      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
+      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+      cat "$OUT/bits.log"
+      timeout "${BENCH_LIMIT:-200}" python3 -m bench.bench --impls "${IMPLS:-triton}" --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
+      grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
