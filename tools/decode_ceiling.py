@@ -364,11 +364,10 @@ def make_call(v: Variant, t: Inputs):
         grid = rope_module.inplace_grid(config, h, b * s)[0]
         return grid, functools.partial(apply_partial_rope_triton_, t.x_inplace, t.cos, t.sin, R)
     if v.kind == "dsrope_qnorm":
-        config = dict(M=v.M, GROUP=min(v.M, next_pow2(h)))
-        grid = qnorm_module.forward_grid(config, h, b * s)
+        grid = (triton.cdiv(rows, v.M),)
         return grid[0], lambda: qnorm_module._qnorm_rope[grid](
             x, t.cos, t.sin, t.out, t.rstd, rows, s, h, d, R, *x.stride(), *tables,
-            EPS=EPS, BLOCK=next_pow2(d), RBLOCK=R, num_warps=v.warps, **config,
+            EPS=EPS, M=v.M, BLOCK=next_pow2(d), num_warps=v.warps,
         )  # fmt: skip
     if v.kind == "dsrope_rope":
         grid = (triton.cdiv(rows, v.M),)

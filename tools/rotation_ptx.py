@@ -66,16 +66,9 @@ KERNELS = {
 }
 # (H, D, R, M, BLOCK, RBLOCK, warps) of the QNorm forward at the launcher's tiles (tile_config(D, 2048);
 # spread_rows at decode), an odd D - R among them; checked by --form only
-# (H, D, R, M, GROUP, BLOCK, RBLOCK, warps); GROUP = min(M, next_pow2(H)) as forward_config, and one walk of
-# single heads (GROUP = 1)
-QNORM = [(8, 512, 64, 4, 4, 512, 64, 1), (3, 96, 32, 16, 4, 128, 32, 1), (1, 34, 34, 32, 1, 64, 64, 1)]
-QNORM += [
-    (4, 65, 32, 16, 4, 128, 32, 1),
-    (8, 512, 64, 1, 1, 512, 64, 1),
-    (8, 512, 64, 2, 2, 512, 64, 1),
-]  # odd D - R; decode
-QNORM += [(8, 512, 64, 8, 1, 512, 64, 1)]
-FORM_KERNELS = {**KERNELS, "_qnorm_rope": (QNORM, ("H", "D", "R", "M", "GROUP", "BLOCK", "RBLOCK"))}
+QNORM = [(8, 512, 64, 4, 512, 64, 1), (3, 96, 32, 16, 128, 32, 1), (1, 34, 34, 32, 64, 64, 1)]
+QNORM += [(4, 65, 32, 16, 128, 32, 1), (8, 512, 64, 1, 512, 64, 1), (8, 512, 64, 2, 512, 64, 1)]  # odd D - R; decode
+FORM_KERNELS = {**KERNELS, "_qnorm_rope": (QNORM, ("H", "D", "R", "M", "BLOCK", "RBLOCK"))}
 
 
 def kernel_of(name: str):
@@ -299,7 +292,7 @@ def rows_per_program_report() -> bool:
     for dtype, contiguous in itertools.product(DTYPES, (True, False)):
         sums = {}
         for m in (1, 2, 4, 8):
-            const = dict(H=8, D=512, R=64, M=m, GROUP=m, BLOCK=512, RBLOCK=64, EPS=1e-6)
+            const = dict(H=8, D=512, R=64, M=m, BLOCK=512, RBLOCK=64, EPS=1e-6)
             sums[m] = row_sums(ptx(qnorm_rope._qnorm_rope, dtype, const, contiguous, True, True, True, 1))
         same = [m for m in sums if sums[m] and set(sums[m]) == {sums[4][0]}]
         layout = "channel-contiguous" if contiguous else "channel-strided"

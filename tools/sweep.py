@@ -49,8 +49,6 @@ INPLACE_CONFIGS = [
     for m, g, w in itertools.product((8, 16, 32), (1, 2, 4, 16), (2, 4, 8))
     if 4 <= m * R // (32 * w) <= 64 and g <= m  # 4 to 64 elements per thread
 ]
-# the QNorm forward also walks GROUP heads of M // GROUP tokens a program (one warp: more change rstd's bits)
-QNORM_FWD_CONFIGS = CONFIGS + [dict(M=m, GROUP=g, num_warps=1) for m in (4, 8, 16) for g in (1, 2) if g < m]
 # decode (S = 1, B * H rows): fewer rows per program, timed under CUDA graph replay
 DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench's
 DECODE_CONFIGS = [dict(M=m, num_warps=w) for m, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4)) if m * R >= 32 * w]
@@ -96,10 +94,8 @@ def launch(kernel, t, config, old=None):
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
-    if kernel == "qnorm_fwd":  # the split form (RBLOCK) and its walk (GROUP); the earlier kernel had neither
-        if not old:
-            kw = dict(kw, RBLOCK=R, GROUP=config.get("GROUP", min(config["M"], triton.next_power_of_2(h))))
-            grid = qnorm_rope.forward_grid(kw, h, b * s)
+    if kernel == "qnorm_fwd":  # the split form (RBLOCK); the earlier kernel had one tile a row
+        kw = kw if old else dict(kw, RBLOCK=R)
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )
@@ -123,8 +119,7 @@ KERNEL_CHOICE = list(KERNELS)  # --kernels
 
 def jobs(baseline):
     for kernel in KERNEL_CHOICE:
-        configs = {"rope_inplace": INPLACE_CONFIGS, "qnorm_fwd": QNORM_FWD_CONFIGS}.get(kernel, CONFIGS)
-        for config in configs:
+        for config in INPLACE_CONFIGS if kernel == "rope_inplace" else CONFIGS:
             yield kernel, config, False
     if baseline:
         for kernel in KERNEL_CHOICE:
@@ -324,11 +319,7 @@ def main():
         group = list(group)
         new = max((r for r in group if r["version"] == "new"), key=lambda r: r["of_copy"])
         olds = [r["of_copy"] for r in group if r["version"] == "old"]
-        print(
-            key,
-            f"best M={new['M']} group={new['group']} warps={new['warps']} {new['of_copy']}",
-            f"old {olds[0]}" if olds else "",
-        )
+        print(key, f"best M={new['M']} warps={new['warps']} {new['of_copy']}", f"old {olds[0]}" if olds else "")
 
 
 if __name__ == "__main__":

@@ -57,10 +57,9 @@ def _qnorm_rope(
     x, cos, sin, out, rstd, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    EPS: tl.constexpr, M: tl.constexpr, GROUP: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
+    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Normalize and rotate M rows per program into token-major `out` [B, S, H, D]: GROUP neighbouring
-    heads at M // GROUP consecutive tokens (as _rotate_inplace walks them; forward_config chooses).
+    """Normalize and rotate M rows per program into token-major `out` [B, S, H, D].
 
     The row's sum of squares on its [M, BLOCK] tile; the leading D - R channels stored from that tile,
     the R rotary channels on an [M, RBLOCK] tile of their own (loaded again: the same cache lines),
@@ -68,14 +67,8 @@ def _qnorm_rope(
     The rotation's arithmetic on the rotary tile only: on the whole row's tile every lane paid its
     partner and table addressing (docs/decode.md: the QNorm forward 1.77-1.93x copy at decode).
     """
-    tl.static_assert(M % GROUP == 0)  # a tile is whole tokens of GROUP heads: no row twice
-    head_blocks: tl.constexpr = (H + GROUP - 1) // GROUP
-    tile = tl.program_id(0)
-    i = tl.arange(0, M)
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
-    head = ((tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)
-    token = (tile // head_blocks).to(tl.int64) * (M // GROUP) + i // GROUP
-    row = tl.where(head < H, token * H + head, rows)  # the token-major row; a head past H is no row
+    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
     b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * D)[:, None]
@@ -136,20 +129,10 @@ FORWARD_ELEMENTS = 2048
 
 
 def forward_config(x: torch.Tensor, rows: int) -> dict:
-    """The forward's tile for `rows` rows of x: M rows a program, GROUP heads of M // GROUP tokens; fewer
-    rows per program at decode where x's channels are contiguous, where the bits stay (tiles.spread_rows
-    says why). A program takes neighbouring heads of a token (GROUP = M, or every head where H < M), as
-    the forward did before GROUP. A row's arithmetic does not depend on which rows share its program
-    (the row tile's layout depends on M and x's channel stride only: tools/rotation_ptx.py)."""
+    """The forward's tile for `rows` rows of x: fewer rows per program at decode where x's channels are
+    contiguous, where the bits stay (tiles.spread_rows says why)."""
     config = tile_config(x.shape[-1], FORWARD_ELEMENTS)
-    if x.stride(-1) == 1:
-        config = spread_rows(config, rows, x.device)
-    return {**config, "GROUP": min(config["M"], next_pow2(x.shape[1]))}
-
-
-def forward_grid(config: dict, heads: int, tokens: int) -> tuple:
-    group = config["GROUP"]
-    return (triton.cdiv(heads, group) * triton.cdiv(tokens, config["M"] // group),)
+    return spread_rows(config, rows, x.device) if x.stride(-1) == 1 else config
 
 
 def _outputs(x):
@@ -165,7 +148,7 @@ def _forward(x, cos, sin, rotary, eps):
     if rows == 0 or dim == 0:
         return out, rstd
     config = forward_config(x, rows)
-    _qnorm_rope[forward_grid(config, heads, batch * seq)](
+    _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
     )  # fmt: skip

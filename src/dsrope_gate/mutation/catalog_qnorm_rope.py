@@ -528,26 +528,8 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "row index in int32 (forward and backward): offsets wrap past 2**31 elements",
-        (
-            "head = ((tile % head_blocks) * GROUP + i % GROUP).to(tl.int64)",
-            "head = (tile % head_blocks) * GROUP + i % GROUP",
-        ),
-        ("token = (tile // head_blocks).to(tl.int64) * (M // GROUP)", "token = (tile // head_blocks) * (M // GROUP)"),
+        ("row = tl.program_id(0).to(tl.int64) * M", "row = tl.program_id(0) * M"),
         (BACKWARD, "row = tl.program_id(0).to(tl.int64) * M", "row = tl.program_id(0) * M"),
         gpu_only=True,
-    ),
-    mutant(
-        "qnorm.walk_skips_tokens",
-        QNORM,
-        FORWARD,
-        "a program's first token steps by M, not M // GROUP: rows of the skipped tokens are never written",
-        ("token = (tile // head_blocks).to(tl.int64) * (M // GROUP)", "token = (tile // head_blocks).to(tl.int64) * M"),
-    ),
-    mutant(
-        "qnorm.grid_over_batches",
-        QNORM,
-        "_forward",
-        "the forward's grid counts batches, not tokens (B * S): past the first S tokens no row is written",
-        ("forward_grid(config, heads, batch * seq)", "forward_grid(config, heads, batch)"),
     ),
 ]
