@@ -137,22 +137,19 @@ def test_worker_sees_its_pinned_gpu():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("batch,dim", [(1, 512), (4, 512), (16, 512), (1, 320)])
-def test_qnorm_decode_rows_per_program_keep_the_bits(batch, dim, dtype, monkeypatch):
-    """Decode shapes (S=1, B*H rows, channel-contiguous x) launch the QNorm forward with fewer rows per
-    program (dsrope.tiles.spread_rows); every bit (out and the saved rstd) must stay what the prefill
-    tile computes, on rows spanning the dtype's range. (A channel-strided x keeps the prefill tile:
-    there M changes the row sum's order; the snapshot's huge goldens hold it.)"""
-    import dsrope.qnorm_rope
-    from dsrope.tiles import spread_rows, tile_config
+def test_qnorm_contiguous_tile_keeps_the_bits(batch, dim, dtype, monkeypatch):
+    """A channel-contiguous x runs the QNorm forward at half the rows per program of a channel-strided
+    one (dsrope.qnorm_rope.forward_config); every bit (out and the saved rstd) must stay what the
+    channel-strided tile computes, on rows spanning the dtype's range. (A channel-strided x keeps its
+    tile: there M changes the row sum's order; the snapshot's huge goldens hold it.)"""
+    import dsrope.qnorm_rope as module
 
-    rows = batch * 64
-    prefill = tile_config(dim, dsrope.qnorm_rope.FORWARD_ELEMENTS)
-    assert spread_rows(prefill, rows, torch.device(DEVICE))["M"] < prefill["M"]
     x = decode_rows(batch, dim, dtype, seed=8)
     cos, sin = tables(batch, 1, ROTARY, seed=9)
-    spread = torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
-    monkeypatch.setattr(dsrope.qnorm_rope, "spread_rows", lambda config, rows, device: config)
-    for a, b in zip(spread, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):
+    assert module.forward_config(x)["M"] < module.tile_config(dim, module.FORWARD_ELEMENTS)["M"]
+    contiguous_tile = torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
+    monkeypatch.setattr(module, "CONTIGUOUS_ELEMENTS", module.FORWARD_ELEMENTS)
+    for a, b in zip(contiguous_tile, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):
         assert torch.equal(bits(a), bits(b))
 
 

@@ -76,8 +76,11 @@ def sliced_token_major(dtype, seed, shape=SHAPE):
     return full[1 : b + 1]
 
 
+@pytest.mark.parametrize("form", ["split", "whole_row"])  # dsrope.rope.rotate_config's two kernels
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_writes_nothing_outside_its_outputs(dtype, monkeypatch):
+def test_rope_writes_nothing_outside_its_outputs(dtype, form, monkeypatch):
+    if form == "whole_row":
+        monkeypatch.setattr(dsrope.rope, "SPLIT_ROWS", -1)
     guard = GuardedOutputs(monkeypatch, dsrope.rope)
     x = sliced_token_major(dtype, seed=1).requires_grad_()
     g = sliced_token_major(dtype, seed=2)

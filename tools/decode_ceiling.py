@@ -68,7 +68,7 @@ from dsrope import qnorm_rope as qnorm_module
 from dsrope import rope as rope_module
 from dsrope.interpreter import INTERPRET
 from dsrope.pair_rotation import pair_table, swap_pairs
-from dsrope.tiles import next_pow2, spread_rows, tile_config
+from dsrope.tiles import next_pow2, tile_config
 
 D, R, EPS = 512, 64, 1e-6  # bench.bench's
 SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench.DECODE_SHAPES
@@ -234,16 +234,21 @@ def make_inputs(b, h, seed=0):
 
 
 def qnorm_tile():
-    """The QNorm forward launcher's tile: qnorm_rope._forward's tile_config(dim, 2048)."""
+    """The QNorm forward launcher's tile when this tool was run (2026-12-04): tile_config(dim, 2048)."""
     config = tile_config(D, 2048)
     return config["M"], config.get("num_warps", 1)
 
 
 def rope_tile(rows):
     """The out-of-place partial RoPE launcher's tile when this tool was run (2026-12-04, before rope.rotate_config):
-    spread_rows(tile_config(dim, 1024))."""
-    config = spread_rows(tile_config(D, 1024), rows, device())
-    return config["M"], config.get("num_warps", 1)
+    tile_config(dim, 1024) with fewer rows a program where the rows could not give every SM two programs."""
+    config = tile_config(D, 1024)
+    if not torch.cuda.is_available():  # --check in the interpreter: its tile as tile_config gives it
+        return config["M"], 1
+    m, per_program = config["M"], max(1, rows // (2 * torch.cuda.get_device_properties(0).multi_processor_count))
+    while m > per_program:
+        m //= 2
+    return m, config.get("num_warps", 1)
 
 
 LADDER = {  # name -> _stage flags
@@ -367,7 +372,7 @@ def make_call(v: Variant, t: Inputs):
         grid = (triton.cdiv(rows, v.M),)
         return grid[0], lambda: qnorm_module._qnorm_rope[grid](
             x, t.cos, t.sin, t.out, t.rstd, rows, s, h, d, R, *x.stride(), *tables,
-            EPS=EPS, M=v.M, BLOCK=next_pow2(d), num_warps=v.warps,
+            EPS=EPS, M=v.M, BLOCK=next_pow2(d), RBLOCK=R, num_warps=v.warps,
         )  # fmt: skip
     if v.kind == "dsrope_rope":
         grid = (triton.cdiv(rows, v.M),)

@@ -189,12 +189,14 @@ for phase in "$@"; do
       PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
       timeout 110 python3 -m tools.sweep --kernels rope qnorm_fwd --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "launcher|^copy" "$OUT/sweep.log" ;;
-    # the QNorm forward's prefill tiles with its walk (GROUP heads of M // GROUP tokens a program), 3e8890d's beside
+    # the QNorm forward's prefill tiles (2026-12-05 13:00 also with a walk of GROUP heads of M // GROUP tokens a
+    # program, since reverted: no gain), 3e8890d's beside
     qnorm-walk)
       timeout 150 python3 -m tools.sweep --kernels qnorm_fwd --workers 14 --out "$OUT/sweep-walk" --baseline sweep_baseline > "$OUT/walk.log" 2>&1
       echo "walk sweep rc $?"; grep -E "^copy|best M=" "$OUT/walk.log" ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
     # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
+    bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     bits-bench)
       rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
       PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1

@@ -193,7 +193,7 @@ def decode_qnorm(old):
         for us, version, c in sorted(found, key=lambda f: f[0]):
             print(f"decode qnorm B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
-        launcher = qnorm_rope.forward_config(x, b * h)
+        launcher = qnorm_rope.forward_config(x)
         us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS))
         print(f"decode qnorm B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
-from dsrope.tiles import next_pow2, spread_rows, tile_config, token_major_empty
+from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
 @triton.jit
@@ -124,15 +124,22 @@ def _qnorm_rope_backward(
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-# elements per program of the forward's tile (tile_config): the H200 sweep's choice (docs/perf.md)
-FORWARD_ELEMENTS = 2048
+# Elements per program of the forward's tile (tile_config), one warp (two or four change rstd's bits,
+# docs/decode.md). A channel-strided x: 2048, the H200 sweep's choice (docs/perf.md), M = 4 at D = 512,
+# the tile its bits were recorded with (its row tile's layout, hence its row sum's order, depends on M).
+# A channel-contiguous x of BLOCK >= 256: 1024, M = 2 at D = 512; every M gives each row the same PTX
+# there (`python -m tools.rotation_ptx --rows-per-program`, triton 3.6, sm_90: one row over the warp's
+# 32 threads, 8 bf16/fp16 or 4 fp32 channels each, at M = 1, 2, 4, 8), and on an H100 (2026-12-05,
+# tools/sweep.py, docs/decode.md) M = 2 was the fastest or within 0.01 us of it at every decode row
+# (M = 4: 0.08-0.23 us slower at B <= 64) and 0.4-1.0 points of copy ahead of M = 4 at every prefill row.
+FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 
 
-def forward_config(x: torch.Tensor, rows: int) -> dict:
-    """The forward's tile for `rows` rows of x: fewer rows per program at decode where x's channels are
-    contiguous, where the bits stay (tiles.spread_rows says why)."""
-    config = tile_config(x.shape[-1], FORWARD_ELEMENTS)
-    return spread_rows(config, rows, x.device) if x.stride(-1) == 1 else config
+def forward_config(x: torch.Tensor) -> dict:
+    """The forward's tile for x: M rows a program, BLOCK lanes, one warp."""
+    block = next_pow2(x.shape[-1])
+    contiguous = x.stride(-1) == 1 and block >= 256
+    return tile_config(x.shape[-1], CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS)
 
 
 def _outputs(x):
@@ -147,7 +154,7 @@ def _forward(x, cos, sin, rotary, eps):
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
         return out, rstd
-    config = forward_config(x, rows)
+    config = forward_config(x)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
         *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
