@@ -199,10 +199,12 @@ for phase in "$@"; do
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     bits-bench)
       rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
+      # the whole gpu-tests beside the bits (neither is timed); its summary line below
+      (timeout 200 python3 -m nox -s gpu-tests -- -q -rfE > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
       PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
-      cat "$OUT/bits.log"
+      wait; cat "$OUT/bits.log"; grep -E "passed|failed|FAILED|ERROR|rc " "$OUT/t.log" | tail -12; rm -f "$OUT/t.log"
       timeout "${BENCH_LIMIT:-200}" python3 -m bench.bench --impls "${IMPLS:-triton}" --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
       grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
