@@ -336,7 +336,18 @@ def inplace_decode_times(x, cos, sin) -> dict:
     return times
 
 
+def settle_graph_replay() -> None:
+    """Time one throwaway graph before the first row. Measured (H100, 2026-12-05): the first graph timed
+    in a process read low, against later timings of the same kernel in the same process: the bench's first
+    row, qnorm_rope at B = 1, H = 64, 1.31 us against 1.49-1.57 us in the sweeps, and the sweeps' first
+    tile 1.30 us against 1.46-1.48 us (docs/decode.md); the H200's first copy_ 0.95 us against 1.12 us.
+    Not explained; every row is timed after it, in the same state as its copy_."""
+    x = torch.empty(1 << 20, device="cuda")
+    replayed_call_samples(functools.partial(x.mul_, 1.0))
+
+
 def decode(out, shapes, versions, impls):
+    settle_graph_replay()
     meta = (
         f"{versions}; decode rows: forward without gradient, per-call wall time in us "
         f"({DECODE_CALLS} calls x {DECODE_SAMPLES} samples, median)"

@@ -40,7 +40,8 @@ for phase in "$@"; do
     sanitize) timeout 200 python3 -m nox -s sanitize ;;
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
-    bench) timeout 360 python3 -m nox -s bench -- --out "$OUT/bench" ;;
+    bench) timeout "${BENCH_LIMIT:-360}" python3 -m nox -s bench -- --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
+      grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
     # issue 17: the custom-op tests alone, the decode rows alone, host time per layer of a call
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
@@ -196,6 +197,29 @@ for phase in "$@"; do
       echo "walk sweep rc $?"; grep -E "^copy|best M=" "$OUT/walk.log" ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
     # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
+    # issue 36's closing check beside the bench: the bits (as bits-bench), then the whole gpu-tests alone
+    # (its wall time is the gate's), then the compile list of what it compiled
+    close36)
+      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
+      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+      cat "$OUT/bits.log"
+      t0=$(date +%s); timeout 200 python3 -m nox -s gpu-tests -- -q -rfE > "$OUT/t.log" 2>&1
+      echo "gpu-tests rc $? wall $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|FAILED|ERROR|compile_cache" "$OUT/t.log" | tail -12
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1 ;;
+    # the split partial RoPE with every load before its first store: its decode sweep beside the kernel of
+    # sweep_baseline/old_rope.py (the split kernel stored first, c2e2309), the decode bench, the bits
+    order36)
+      timeout 170 python3 -m tools.sweep --kernels rope --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
+      echo "sweep rc $?"; grep -E "launcher|split M=4 warps=2 " "$OUT/sweep.log"
+      timeout 150 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench.log" 2>&1
+      echo "bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench-decode/*.csv "$OUT"/bench-decode/*.png
+      rm -rf /tmp/gA && cp -r golden /tmp/gA
+      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+      cat "$OUT/bits.log"
+      timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_rope.py 2>&1 | grep -E "passed|failed|FAILED|ERROR" | tail -8 ;;
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     bits-bench)
       rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH

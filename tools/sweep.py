@@ -82,7 +82,7 @@ def launch(kernel, t, config, old=None):
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
         )
     if kernel == "rope_split":  # the decode form (rope.rotate_config)
-        return 2 * n, lambda: rope._rotate_split[grid](
+        return 2 * n, lambda: (old or (rope,))[0]._rotate_split[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **dict(kw, RBLOCK=R)
         )
     if kernel == "rope_inplace" and old:  # the earlier kernel: M consecutive token-major rows
@@ -136,6 +136,9 @@ def slice_ceiling(t):
 
 def decode(old):
     """The decode sweeps of the kernels chosen (--kernels): rope, qnorm_fwd and rope_inplace."""
+    from bench.bench import settle_graph_replay
+
+    settle_graph_replay()
     if "rope" in KERNEL_CHOICE:
         decode_rope(old)
     if "qnorm_fwd" in KERNEL_CHOICE:
@@ -162,6 +165,9 @@ def decode_rope(old):
         found += [(per_replayed_call_us(launch("rope", t, c)[1]), "whole-row", c) for c in whole]
         if old:
             found += [(per_replayed_call_us(launch("rope", t, c, old)[1]), "old", c) for c in OLD_ROPE_DECODE]
+        if old and hasattr(old[0], "_rotate_split"):  # a baseline with the split kernel: at this tree's tiles
+            small = [c for c in CONFIGS if c["M"] <= 8]
+            found += [(per_replayed_call_us(launch("rope_split", t, c, old)[1]), "old split", c) for c in small]
         y = torch.empty_like(x)
         copy = per_replayed_call_us(functools.partial(y.copy_, x))
         for us, version, c in sorted(found, key=lambda f: f[0]):

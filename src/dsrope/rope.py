@@ -98,21 +98,24 @@ def _rotate_split(
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * DIM)[:, None]
 
+    # Every load before the first store: a warp issues in order and a store waits for its data, so a
+    # load after it would start a memory latency only when the first one has ended (decode, docs/decode.md)
     # the leading channels: a copy
     channel = tl.arange(0, BLOCK).to(tl.int64)[None, :]
     passed = row_ok[:, None] & (channel < DIM - ROTARY)
-    tl.store(out_row + channel, tl.load(x_row + channel * XD, mask=passed), mask=passed)
-
+    leading = tl.load(x_row + channel * XD, mask=passed)
     # the rotary channels: pair k = lanes (2k, 2k+1) of the tile; int64: channel * XD passes 2**31
     j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
     rot = row_ok[:, None] & (j < ROTARY)
-    second = (j & 1) == 1  # second channel of its pair
     rotary_channel = j + (DIM - ROTARY)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     own = tl.load(x_row + rotary_channel * XD, mask=rot).to(tl.float32)
-    partner = swap_pairs(own, M, RBLOCK)
     cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, ROTARY // 2, M, RBLOCK)
     sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, ROTARY // 2, M, RBLOCK)
+    tl.store(out_row + channel, leading, mask=passed)
+
+    second = (j & 1) == 1  # second channel of its pair
+    partner = swap_pairs(own, M, RBLOCK)
     if INVERSE:
         sn = -sn
     # first of a pair: a*c - b*s; second: b*c + a*s

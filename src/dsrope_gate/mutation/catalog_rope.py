@@ -430,7 +430,10 @@ MUTANTS = [
             "ROTARY // 2, M, RBLOCK)\n    sn =",
             "ROTARY // 2, M, RBLOCK).to(x.dtype.element_ty).to(tl.float32)\n    sn =",
         ),
-        ("ROTARY // 2, M, RBLOCK)\n    if", "ROTARY // 2, M, RBLOCK).to(x.dtype.element_ty).to(tl.float32)\n    if"),
+        (
+            "ROTARY // 2, M, RBLOCK)\n    tl.store(",
+            "ROTARY // 2, M, RBLOCK).to(x.dtype.element_ty).to(tl.float32)\n    tl.store(",
+        ),
     ),
     mutant(
         "rope.split_leading_mask_short",
@@ -480,8 +483,8 @@ MUTANTS = [
         "_rotate_split",
         "split: pass-through lanes stored through an FP32 upcast instead of the loaded value",
         (
-            "tl.load(x_row + channel * XD, mask=passed), mask=passed)",
-            "tl.load(x_row + channel * XD, mask=passed).to(tl.float32).to(out.dtype.element_ty), mask=passed)",
+            "leading = tl.load(x_row + channel * XD, mask=passed)",
+            "leading = tl.load(x_row + channel * XD, mask=passed).to(tl.float32).to(out.dtype.element_ty)",
         ),
         equivalent="bf16/fp16/fp32 -> fp32 is exact and the way back rounds an exactly representable value "
         "to itself (NaN stays NaN), so every pass-through lane stores the same bits.",
