@@ -127,7 +127,8 @@ def _rotate_split(
 # ROTATE_ELEMENTS a program, one warp: the H200 sweep's prefill choice (docs/perf.md). The split form
 # where rows <= SPLIT_ROWS, SPLIT_ELEMENTS a program on SPLIT_WARPS warps (M = 4 at D = 512): on an H100
 # (2026-12-05, tools/sweep.py --kernels rope --decode) the split form's fastest tile or within 0.06 us of
-# it at 128 to 8192 rows, 1.02-1.18x copy_ against the whole-row launch's 1.12-1.28x; at 32768 rows
+# it at 128 to 8192 rows, 1.02-1.18x copy_ against the whole-row launch's 1.12-1.28x; with its loads moved
+# before its first store 0.99-1.08x (17:18 sweep, docs/decode.md "Step 2, closing"); at 32768 rows
 # (DRAM-bound) the whole-row kernel was 0.2 us (1%) faster, and at prefill 1-2% of copy bandwidth.
 ROTATE_ELEMENTS = 1024
 SPLIT_ROWS, SPLIT_ELEMENTS, SPLIT_WARPS = 16384, 2048, 2
