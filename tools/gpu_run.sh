@@ -16,6 +16,20 @@ fi
   python3 -c "import torch, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
   python3 -m pip list 2>/dev/null | grep -i -E '^(hypothesis|pytest|pytest-xdist|numpy|ml.dtypes|mpmath|safetensors|matplotlib|transformers) '
 } 2>&1 | tee -a "$OUT/run.log"
+# The kernel bits of this tree against the earlier kernels of sweep_baseline/old_src (tools/baseline.sh), each
+# snapshot recorded on this device into a copy of golden/, then against the committed snapshot of this device
+# if there is one (the H200's, on an H200); the report in $OUT/bits.log
+bits_vs_baseline() {
+  rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
+  PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
+  timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+  timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+}
+# The bench's MISSED rows and its summary line from $OUT/bench.log; its csv and png files in $1 dropped
+# (at most 8 files come back from $OUT)
+bench_targets() {
+  grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$1"/*.csv "$1"/*.png
+}
 for phase in "$@"; do
   start=$(date +%s)
   case "$phase" in
@@ -41,7 +55,7 @@ for phase in "$@"; do
     bench-triton) timeout 200 python3 -m nox -s bench -- --impls triton --out "$OUT/bench-triton" ;;
     bench-quick) timeout 200 python3 -m nox -s bench -- --quick --out "$OUT/bench-quick" ;;
     bench) timeout "${BENCH_LIMIT:-360}" python3 -m nox -s bench -- --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
-      grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
+      bench_targets "$OUT/bench" ;;
     # issue 17: the custom-op tests alone, the decode rows alone, host time per layer of a call
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
@@ -161,12 +175,7 @@ for phase in "$@"; do
     # committed H200 snapshot on an H200), the whole gpu-tests, the QNorm forward's sweep (prefill and
     # decode, the kernel of 3e8890d beside it), then the bench's rows of ours (--impls triton) with targets.
     final36)
-      rm -rf /tmp/gA && cp -r golden /tmp/gA
-      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
-      rm -rf /tmp/gH && cp -r golden /tmp/gH
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
-      cat "$OUT/bits.log"
+      bits_vs_baseline; cat "$OUT/bits.log"
       timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
       PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
       timeout 130 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out /tmp/sweep --baseline sweep_baseline 2>&1 \
@@ -178,10 +187,7 @@ for phase in "$@"; do
     # the split kernel (its >2**31 test), then the whole gpu-tests, the decode sweep of both kernels (the
     # split kernel's tiles, the whole-row kernel, 3e8890d's), then the bench's rows of ours with targets.
     split36)
-      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
-      (PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
-       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
-       timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log") &
+      bits_vs_baseline &
       (timeout 200 python3 -m nox -s gpu-mutants -- --only rope.split_int32_offsets --tests test_gpu.py > "$OUT/m.log" 2>&1
        echo "mutants-gpu rc $?" >> "$OUT/m.log") &
       wait
@@ -195,15 +201,10 @@ for phase in "$@"; do
     qnorm-walk)
       timeout 150 python3 -m tools.sweep --kernels qnorm_fwd --workers 14 --out "$OUT/sweep-walk" --baseline sweep_baseline > "$OUT/walk.log" 2>&1
       echo "walk sweep rc $?"; grep -E "^copy|best M=" "$OUT/walk.log" ;;
-    # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
-    # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
     # issue 36's closing check beside the bench: the bits (as bits-bench), then the whole gpu-tests alone
     # (its wall time is the gate's), then the compile list of what it compiled
     close36)
-      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
-      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+      bits_vs_baseline
       cat "$OUT/bits.log"
       t0=$(date +%s); timeout 200 python3 -m nox -s gpu-tests -- -q -rfE > "$OUT/t.log" 2>&1
       echo "gpu-tests rc $? wall $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|FAILED|ERROR|compile_cache" "$OUT/t.log" | tail -12
@@ -214,23 +215,20 @@ for phase in "$@"; do
       timeout 170 python3 -m tools.sweep --kernels rope --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "launcher|split M=4 warps=2 " "$OUT/sweep.log"
       timeout 150 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench.log" 2>&1
-      echo "bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench-decode/*.csv "$OUT"/bench-decode/*.png
-      rm -rf /tmp/gA && cp -r golden /tmp/gA
-      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
+      echo "bench rc $?"; bench_targets "$OUT/bench-decode"
+      bits_vs_baseline
       cat "$OUT/bits.log"
       timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_rope.py 2>&1 | grep -E "passed|failed|FAILED|ERROR" | tail -8 ;;
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
+    # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
+    # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
     bits-bench)
-      rm -rf /tmp/gA /tmp/gH && cp -r golden /tmp/gA && cp -r golden /tmp/gH
       # the whole gpu-tests beside the bits (neither is timed); its summary line below
       (timeout 200 python3 -m nox -s gpu-tests -- -q -rfE > "$OUT/t.log" 2>&1; echo "gpu-tests rc $?" >> "$OUT/t.log") &
-      PYTHONPATH=$PWD/sweep_baseline/old_src/src:$PYTHONPATH timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA > "$OUT/bits.log" 2>&1
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gA >> "$OUT/bits.log" 2>&1; echo "bits-vs-3e8890d rc $?" >> "$OUT/bits.log"
-      timeout 100 python3 -m tools.golden --update-snapshot --root /tmp/gH 2>&1 | head -3 >> "$OUT/bits.log"
+      bits_vs_baseline
       wait; cat "$OUT/bits.log"; grep -E "passed|failed|FAILED|ERROR|rc " "$OUT/t.log" | tail -12; rm -f "$OUT/t.log"
       timeout "${BENCH_LIMIT:-200}" python3 -m bench.bench --impls "${IMPLS:-triton}" --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
-      grep -E "MISSED|^targets" "$OUT/bench.log"; rm -f "$OUT"/bench/*.csv "$OUT"/bench/*.png ;;
+      bench_targets "$OUT/bench" ;;
     # issue 24: what a new eps costs (the QNorm forward's eps is a constexpr)
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records

@@ -82,7 +82,7 @@ def launch(kernel, t, config, old=None):
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
         )
     if kernel == "rope_split":  # the decode form (rope.rotate_config)
-        return 2 * n, lambda: (old or (rope,))[0]._rotate_split[grid](
+        return 2 * n, lambda: mod_rope._rotate_split[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **dict(kw, RBLOCK=R)
         )
     if kernel == "rope_inplace" and old:  # the earlier kernel: M consecutive token-major rows
