@@ -149,8 +149,31 @@ def test_qnorm_contiguous_tile_keeps_the_bits(batch, dim, dtype, monkeypatch):
     assert module.forward_config(x)["M"] < module.tile_config(dim, module.FORWARD_ELEMENTS)["M"]
     contiguous_tile = torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
     monkeypatch.setattr(module, "CONTIGUOUS_ELEMENTS", module.FORWARD_ELEMENTS)
+    monkeypatch.setattr(module, "_forward_config", module._forward_config.__wrapped__)  # not its cache
     for a, b in zip(contiguous_tile, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):
         assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("rows_per_program,warps", [(2, 2), (4, 2), (8, 4)])
+def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monkeypatch):
+    """The QNorm forward with whole rows on each of several warps (CHUNK = one warp's pass over a row,
+    dsrope.qnorm_rope.warp_pass) must store every bit (out and the saved rstd) that the one-warp tile
+    stores: each row's sum of squares is the same PTX at both (tools/rotation_ptx.py --rows-per-program);
+    this holds it on the device, on decode rows spanning the dtype's range and on a head-major prefill x."""
+    import dsrope.qnorm_rope as module
+
+    decode = decode_rows(64, 512, dtype, seed=11)
+    g = torch.Generator(device=DEVICE).manual_seed(12)
+    prefill = (torch.randn(2, 8, 40, 512, device=DEVICE, generator=g) * 3).to(dtype)  # head-major, 640 rows
+    inputs = [(decode, *tables(64, 1, ROTARY, seed=13)), (prefill, *tables(2, 40, ROTARY, seed=14))]
+    one_warp = [torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6) for x, cos, sin in inputs]
+    assert all(module.forward_config(x)["num_warps"] == 1 for x, _, _ in inputs)
+    tile = dict(M=rows_per_program, BLOCK=512, num_warps=warps, CHUNK=module.warp_pass(decode))
+    monkeypatch.setattr(module, "forward_config", lambda x: tile)
+    for (x, cos, sin), expected in zip(inputs, one_warp, strict=True):
+        for a, b in zip(expected, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):
+            assert torch.equal(bits(a), bits(b))
 
 
 def decode_rows(batch, dim, dtype, seed, heads=64):

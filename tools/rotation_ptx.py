@@ -20,9 +20,10 @@ device. Two comparisons:
   operations on the same rounded operands). `--form` also checks the QNorm forward `_qnorm_rope` at the
   launcher's tiles (its row sum of squares is fmas and adds of x alone, which the rule leaves aside).
 - `--rows-per-program`: the QNorm forward's row sum of squares (the operand of each rsqrt, x's elements
-  named by their offset in the row) at M = 1, 2, 4, 8 rows a program against M = 4, the prefill tile, for a
-  channel-contiguous and a channel-strided x; exits 1 unless every contiguous row agrees (what
-  `spread_rows` for the QNorm forward relies on, dsrope.tiles). Written against triton 3.6's PTX (the
+  named by their offset in the row) at M = 1, 2, 4, 8 rows a program on one warp, and rows on 2, 4 and 8
+  warps, against M = 4 on one warp, the prefill tile, for a channel-contiguous and a channel-strided x;
+  exits 1 unless every contiguous row agrees (what the QNorm forward's launcher relies on,
+  dsrope.qnorm_rope.forward_config). Written against triton 3.6's PTX (the
   device's): triton 3.9 sums a thread's elements as a tree and contracts the division by D into an fma
   with eps, and this reader finds no agreement there (exit 1) without telling why.
 
@@ -64,11 +65,12 @@ KERNELS = {
     "_rotate_split": (SPLIT, ("HEADS", "DIM", "ROTARY", "M", "BLOCK", "RBLOCK")),
     "_rotate_inplace": (INPLACE, ("HEADS", "DIM", "ROTARY", "M", "GROUP", "BLOCK")),
 }
-# (H, D, R, M, BLOCK, RBLOCK, warps) of the QNorm forward at the launcher's tiles (tile_config(D, 2048);
-# spread_rows at decode), an odd D - R among them; checked by --form only
-QNORM = [(8, 512, 64, 4, 512, 64, 1), (3, 96, 32, 16, 128, 32, 1), (1, 34, 34, 32, 64, 64, 1)]
-QNORM += [(4, 65, 32, 16, 128, 32, 1), (8, 512, 64, 1, 512, 64, 1), (8, 512, 64, 2, 512, 64, 1)]  # odd D - R; decode
-FORM_KERNELS = {**KERNELS, "_qnorm_rope": (QNORM, ("H", "D", "R", "M", "BLOCK", "RBLOCK"))}
+# (H, D, R, M, BLOCK, RBLOCK, CHUNK, warps) of the QNorm forward at the launcher's tiles (forward_config), an odd
+# D - R among them, and rows on several warps (CHUNK: one warp's pass over a bf16 row); checked by --form only
+QNORM = [(8, 512, 64, 4, 512, 64, 512, 1), (3, 96, 32, 16, 128, 32, 128, 1), (1, 34, 34, 32, 64, 64, 64, 1)]
+QNORM += [(4, 65, 32, 16, 128, 32, 128, 1), (8, 512, 64, 1, 512, 64, 512, 1), (8, 512, 64, 2, 512, 64, 512, 1)]
+QNORM += [(8, 512, 64, 4, 512, 64, 256, 2), (8, 512, 64, 8, 512, 64, 256, 4)]
+FORM_KERNELS = {**KERNELS, "_qnorm_rope": (QNORM, ("H", "D", "R", "M", "BLOCK", "RBLOCK", "CHUNK"))}
 
 
 def kernel_of(name: str):
@@ -285,20 +287,24 @@ def row_sums(text: str) -> list[str]:
 
 def rows_per_program_report() -> bool:
     """Whether each row's sum of squares in the QNorm forward is the same PTX at every rows-per-program M
-    (D = 512, one warp) as at the prefill tile's M = 4, per dtype, for a channel-contiguous and a
-    channel-strided x. True when the contiguous rows agree everywhere (what the launcher's spread_rows
-    needs); the strided ones are printed, not required."""
+    and warps (D = 512) as at the prefill tile (M = 4, one warp), per dtype, for a channel-contiguous and a
+    channel-strided x: one warp at M = 1, 2, 4, 8 (CHUNK = BLOCK), and, on a contiguous x, rows on 2, 4 and 8
+    warps at one and two rows a warp (CHUNK = one warp's pass, qnorm_rope.warp_pass). True when the
+    contiguous rows agree everywhere (what the launcher's tiles need); the strided ones are printed, not
+    required."""
     ok = True
     for dtype, contiguous in itertools.product(DTYPES, (True, False)):
         sums = {}
-        for m in (1, 2, 4, 8):
-            const = dict(H=8, D=512, R=64, M=m, BLOCK=512, RBLOCK=64, EPS=1e-6)
-            sums[m] = row_sums(ptx(qnorm_rope._qnorm_rope, dtype, const, contiguous, True, True, True, 1))
-        same = [m for m in sums if sums[m] and set(sums[m]) == {sums[4][0]}]
+        tiles = [(m, 1) for m in (1, 2, 4, 8)] + ([(w * k, w) for w in (2, 4, 8) for k in (1, 2)] if contiguous else [])
+        for m, warps in tiles:
+            chunk = 512 if warps == 1 else 32 * 16 // (4 if dtype == "fp32" else 2)
+            const = dict(H=8, D=512, R=64, M=m, BLOCK=512, RBLOCK=64, CHUNK=chunk, EPS=1e-6)
+            sums[m, warps] = row_sums(ptx(qnorm_rope._qnorm_rope, dtype, const, contiguous, True, True, True, warps))
+        same = [tile for tile in tiles if sums[tile] and set(sums[tile]) == {sums[4, 1][0]}]
         layout = "channel-contiguous" if contiguous else "channel-strided"
-        print(f"_qnorm_rope {dtype} {layout}: every row as at M = 4 for M in {same} of [1, 2, 4, 8]", end="")
-        print(f" (triton {triton.__version__})")
-        ok = ok and (not contiguous or same == [1, 2, 4, 8])
+        print(f"_qnorm_rope {dtype} {layout}: every row as at M = 4, one warp, for (M, warps) in {same} of {tiles}")
+        ok = ok and (not contiguous or same == tiles)
+    print(f"(triton {triton.__version__})")
     return ok
 
 

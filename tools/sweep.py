@@ -94,8 +94,9 @@ def launch(kernel, t, config, old=None):
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
-    if kernel == "qnorm_fwd":  # the split form (RBLOCK); the earlier kernel had one tile a row
-        kw = kw if old else dict(kw, RBLOCK=R)
+    if kernel == "qnorm_fwd":  # the split form (RBLOCK, CHUNK); the earlier kernel had one tile a row
+        chunk = D if config["num_warps"] == 1 else qnorm_rope.warp_pass(x)  # rows on warps (forward_config)
+        kw = kw if old else dict(kw, RBLOCK=R, CHUNK=chunk)
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )
@@ -117,9 +118,16 @@ BASELINE = {
 KERNEL_CHOICE = list(KERNELS)  # --kernels
 
 
+# the QNorm forward: whole rows on each warp (M a multiple of the warps), so every tile has the row sums' bits
+QNORM_CONFIGS = [c for c in CONFIGS if c["M"] % c["num_warps"] == 0]
+QNORM_DECODE_CONFIGS = [dict(M=m, num_warps=1) for m in (1, 2, 4, 8)]
+QNORM_DECODE_CONFIGS += [dict(M=w * k, num_warps=w) for w in (2, 4, 8) for k in (1, 2, 4)]
+
+
 def jobs(baseline):
     for kernel in KERNEL_CHOICE:
-        for config in INPLACE_CONFIGS if kernel == "rope_inplace" else CONFIGS:
+        configs = {"rope_inplace": INPLACE_CONFIGS, "qnorm_fwd": QNORM_CONFIGS}.get(kernel, CONFIGS)
+        for config in configs:
             yield kernel, config, False
     if baseline:
         for kernel in KERNEL_CHOICE:
@@ -180,17 +188,17 @@ def decode_rope(old):
 
 
 def decode_qnorm(old):
-    """The QNorm forward at decode under CUDA graph replay (us per call): one warp (more warps change the row
-    sum's order, hence rstd's bits: docs/decode.md) at M = 1, 2, 4, 8, the launcher (forward_config), the earlier
-    kernel (--baseline) at its tile (M = 4), and a copy_ of x's bytes."""
+    """The QNorm forward at decode under CUDA graph replay (us per call): one warp at M = 1, 2, 4, 8 and whole
+    rows on 2, 4 and 8 warps at 1, 2 and 4 rows a warp (QNORM_DECODE_CONFIGS: each row's sum the same PTX at
+    every one, tools/rotation_ptx.py --rows-per-program), the launcher (forward_config), the earlier kernel
+    (--baseline) at its tile (M = 4), and a copy_ of x's bytes."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         out = torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype)
         t = (x, None, cos, sin, out, torch.empty(b * h, device="cuda", dtype=torch.float32))
-        configs = [dict(M=m, num_warps=1) for m in (1, 2, 4, 8)]
-        found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "new", c) for c in configs]
+        found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "new", c) for c in QNORM_DECODE_CONFIGS]
         if old:
             was = BASELINE["qnorm_fwd"]
             found.append((per_replayed_call_us(launch("qnorm_fwd", t, was, old)[1]), "old", was))

@@ -18,6 +18,8 @@ the neighbouring lane in registers (swap_pairs) and the table entry from one loa
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +27,13 @@ import triton.language as tl
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
+
+
+@triton.jit
+def _rows(row, rows, S, H: tl.constexpr):
+    """Whether each token-major row exists, and its (b, h, s)."""
+    token = row // H
+    return row < rows, token // S, row % H, token % S
 
 
 @triton.jit
@@ -37,11 +46,7 @@ def _row_tile(row, rows, S, H: tl.constexpr, D: tl.constexpr, R: tl.constexpr, B
     D - R odd means D odd and >= 3, so BLOCK = next_pow2(D) >= D + 1.
     """
     shift = (D - R) % 2  # constexpr
-    row_ok = row < rows
-    h = row % H
-    token = row // H
-    s = token % S
-    b = token // S
+    row_ok, b, h, s = _rows(row, rows, S, H)
     lane = tl.arange(0, BLOCK).to(tl.int64)[None, :]
     c = lane - shift
     valid = row_ok[:, None] & (c >= 0) & (c < D)
@@ -57,23 +62,31 @@ def _qnorm_rope(
     x, cos, sin, out, rstd, rows, S,
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
-    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr,
+    EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """Normalize and rotate M rows per program into token-major `out` [B, S, H, D].
 
-    The row's sum of squares on its [M, BLOCK] tile; the leading D - R channels stored from that tile,
-    the R rotary channels on an [M, RBLOCK] tile of their own (loaded again: the same cache lines),
-    rotated as partial RoPE rotates them (partner from registers, one table load per pair, rotate_lane).
-    The rotation's arithmetic on the rotary tile only: on the whole row's tile every lane paid its
-    partner and table addressing (docs/decode.md: the QNorm forward 1.77-1.93x copy at decode).
+    The row's sum of squares on its [M, BLOCK // CHUNK, CHUNK] tile: lane g * CHUNK + k of a row (channel
+    lane - SHIFT, as _row_tile) at [row, g, k]. With rows on the first axis the compiler gives each warp
+    whole rows, at any number of warps, and each thread the lanes it holds at one warp; CHUNK is one pass
+    of a warp over the row (32 threads x one 16-byte vector), so a row's sum is the same additions in the
+    same order at every rows-per-program and warps (`python -m tools.rotation_ptx --rows-per-program`).
+    The leading D - R channels stored from that tile, the R rotary channels on an [M, RBLOCK] tile of
+    their own (loaded again: the same cache lines), rotated as partial RoPE rotates them (partner from
+    registers, one table load per pair, rotate_lane). The rotation's arithmetic on the rotary tile only:
+    on the whole row's tile every lane paid its partner and table addressing (docs/decode.md: the QNorm
+    forward 1.77-1.93x copy at decode).
     """
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    b, h, s, c, row_ok, valid, rot, second, first_pair = _row_tile(row, rows, S, H, D, R, BLOCK)
+    row_ok, b, h, s = _rows(row, rows, S, H)
     x_row = x + (b * XB + h * XH + s * XS)[:, None]
     out_row = out + (row * D)[:, None]
+    chunk = tl.arange(0, BLOCK // CHUNK).to(tl.int64)[None, :, None] * CHUNK
+    c = chunk + tl.arange(0, CHUNK).to(tl.int64)[None, None, :] - (D - R) % 2
+    valid = row_ok[:, None, None] & (c >= 0) & (c < D)
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
-    v = tl.load(x_row + c * XD, mask=valid).to(tl.float32)
+    v = tl.load(x_row[:, :, None] + c * XD, mask=valid).to(tl.float32)
     # the rotary channels on a tile of their own, pair k = lanes (2k, 2k+1), and their table entries:
     # loaded before the row sum, so that their latency overlaps the reduction's (decode, docs/decode.md)
     j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
@@ -83,12 +96,12 @@ def _qnorm_rope(
     cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)
     sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)
 
-    r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)
+    r = tl.rsqrt(tl.sum(tl.reshape(v * v, (M, BLOCK)), axis=1) / D + EPS)
     tl.store(rstd + row, r, mask=row_ok)
 
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
-    tl.store(out_row + c, (v * r[:, None]).to(dtype), mask=valid & (c < D - R))  # the leading channels
+    tl.store(out_row[:, :, None] + c, (v * r[:, None, None]).to(dtype), mask=valid & (c < D - R))  # leading channels
     own = (own * r[:, None]).to(dtype).to(tl.float32)
     partner = swap_pairs(own, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
@@ -135,11 +148,21 @@ def _qnorm_rope_backward(
 FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 
 
+def warp_pass(x: torch.Tensor) -> int:
+    """Lanes one warp covers in one pass over a row: 32 threads x one 16-byte vector of x's dtype."""
+    return 32 * 16 // x.element_size()
+
+
 def forward_config(x: torch.Tensor) -> dict:
-    """The forward's tile for x: M rows a program, BLOCK lanes, one warp."""
-    block = next_pow2(x.shape[-1])
-    contiguous = x.stride(-1) == 1 and block >= 256
-    return tile_config(x.shape[-1], CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS)
+    """The forward's tile for x: M rows a program, BLOCK lanes, CHUNK lanes a pass, one warp."""
+    return _forward_config(x.shape[-1], x.stride(-1) == 1)
+
+
+@functools.cache  # once per geometry (host time, as tile_config); the dict is shared: never change it
+def _forward_config(dim: int, channel_contiguous: bool) -> dict:
+    block = next_pow2(dim)
+    contiguous = channel_contiguous and block >= 256
+    return dict(tile_config(dim, CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS), CHUNK=block)
 
 
 def _outputs(x):

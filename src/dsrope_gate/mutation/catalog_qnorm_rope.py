@@ -20,7 +20,8 @@ Q_HALF_TABLES = (
     "    sn = tl.load(sin + (b * SB + s * SS)[:, None] + ((c - (D - R)) % (R // 2)) * SD, mask=rot)\n"
 )
 FORWARD, BACKWARD, TILE = "_qnorm_rope", "_qnorm_rope_backward", "_row_tile"
-RSQRT = "r = tl.rsqrt(tl.sum(v * v, axis=1) / D + EPS)"
+SUM_SQUARES = "tl.sum(tl.reshape(v * v, (M, BLOCK)), axis=1)"
+RSQRT = f"r = tl.rsqrt({SUM_SQUARES} / D + EPS)"
 # the forward's rotary tile: boundary 1 on the lane, its partner from registers, the rotation
 Q_OWN_ROUNDED = "own = (own * r[:, None]).to(dtype).to(tl.float32)"
 Q_SIGNED_PARTNER = "tl.where((j & 1) == 1, partner, -partner)"
@@ -182,7 +183,7 @@ MUTANTS = [
         FORWARD,
         "boundary 1 rounds by truncation (rtz)",
         # the pass-through channels' rounding and the rotary tile's (its partners swapped in from it)
-        ("(v * r[:, None]).to(dtype)", '(v * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
+        ("(v * r[:, None, None]).to(dtype)", '(v * r[:, None, None]).to(dtype, fp_downcast_rounding="rtz")'),
         ("own = (own * r[:, None]).to(dtype)", 'own = (own * r[:, None]).to(dtype, fp_downcast_rounding="rtz")'),
     ),
     mutant(
@@ -215,7 +216,10 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "pass-through channels copied raw, not normalized",
-        ("tl.store(out_row + c, (v * r[:, None]).to(dtype),", "tl.store(out_row + c, v.to(dtype),"),
+        (
+            "tl.store(out_row[:, :, None] + c, (v * r[:, None, None]).to(dtype),",
+            "tl.store(out_row[:, :, None] + c, v.to(dtype),",
+        ),
     ),
     mutant(
         "qnorm.boundary2_dropped",
@@ -264,14 +268,14 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "eps added after the square root: 1/(sqrt(mean) + eps)",
-        (RSQRT, "r = 1.0 / (tl.sqrt(tl.sum(v * v, axis=1) / D) + EPS)"),
+        (RSQRT, f"r = 1.0 / (tl.sqrt({SUM_SQUARES} / D) + EPS)"),
     ),
     mutant(
         "qnorm.eps_outside_mean",
         QNORM,
         FORWARD,
         "eps added to the sum before the division: rsqrt((sum + eps)/D)",
-        (RSQRT, "r = tl.rsqrt((tl.sum(v * v, axis=1) + EPS) / D)"),
+        (RSQRT, f"r = tl.rsqrt(({SUM_SQUARES} + EPS) / D)"),
     ),
     mutant(
         "qnorm.eps_ignored",
@@ -285,14 +289,17 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "mean of squares over the D-R pass-through channels only",
-        (RSQRT, "r = tl.rsqrt(tl.sum(tl.where(rot, 0.0, v * v), axis=1) / (D - R) + EPS)"),
+        (
+            RSQRT,
+            "r = tl.rsqrt(tl.sum(tl.reshape(tl.where(c >= D - R, 0.0, v * v), (M, BLOCK)), axis=1) / (D - R) + EPS)",
+        ),
     ),
     mutant(
         "qnorm.mean_over_block",
         QNORM,
         FORWARD,
         "sum of squares divided by the padded block width, not D",
-        (RSQRT, "r = tl.rsqrt(tl.sum(v * v, axis=1) / BLOCK + EPS)"),
+        (RSQRT, f"r = tl.rsqrt({SUM_SQUARES} / BLOCK + EPS)"),
     ),
     mutant(
         "qnorm.rstd_head_major",
@@ -460,7 +467,7 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "1/sqrt instead of rsqrt",
-        (RSQRT, "r = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / D + EPS)"),
+        (RSQRT, f"r = 1.0 / tl.sqrt({SUM_SQUARES} / D + EPS)"),
         equivalent="the same function: both compute 1/sqrt(z) in FP32; the model allows an approximate rsqrt "
         "(2**-22 relative) and correct rounding of 1/sqrt lies inside that, so no sound test tells them apart.",
     ),
