@@ -146,6 +146,7 @@ def test_qnorm_contiguous_tile_keeps_the_bits(batch, dim, dtype, monkeypatch):
 
     x = decode_rows(batch, dim, dtype, seed=8)
     cos, sin = tables(batch, 1, ROTARY, seed=9)
+    monkeypatch.setattr(module, "ROWS_ON_WARPS", ())  # the one-warp tiles (rows on warps: the test above)
     assert module.forward_config(x)["M"] < module.tile_config(dim, module.FORWARD_ELEMENTS)["M"]
     contiguous_tile = torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6)  # out and the saved rstd
     monkeypatch.setattr(module, "CONTIGUOUS_ELEMENTS", module.FORWARD_ELEMENTS)
@@ -167,8 +168,10 @@ def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monke
     g = torch.Generator(device=DEVICE).manual_seed(12)
     prefill = (torch.randn(2, 8, 40, 512, device=DEVICE, generator=g) * 3).to(dtype)  # head-major, 640 rows
     inputs = [(decode, *tables(64, 1, ROTARY, seed=13)), (prefill, *tables(2, 40, ROTARY, seed=14))]
+    monkeypatch.setattr(module, "ROWS_ON_WARPS", ())  # every launch on one warp
     one_warp = [torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6) for x, cos, sin in inputs]
     assert all(module.forward_config(x)["num_warps"] == 1 for x, _, _ in inputs)
+    assert all(module.rows_fit_warps(x) for x, _, _ in inputs)
     tile = dict(M=rows_per_program, BLOCK=512, num_warps=warps, CHUNK=module.warp_pass(decode))
     monkeypatch.setattr(module, "forward_config", lambda x: tile)
     for (x, cos, sin), expected in zip(inputs, one_warp, strict=True):

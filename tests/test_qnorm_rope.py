@@ -277,3 +277,35 @@ def test_refuses_non_cuda_outside_interpreter():
     c, s = tables(1, 3, 4)
     with pytest.raises(ValueError, match="x: expected a CUDA tensor"):
         qnorm_rope_triton(x, c, s, 4, 1e-6)
+
+
+def test_rows_on_warps_only_where_a_thread_keeps_its_lanes(monkeypatch):
+    """The launcher's choice of whole rows on several warps (dsrope.qnorm_rope.forward_config): taken from
+    ROWS_ON_WARPS by the launch's row count, and only for an x whose rows keep their one-warp sum there
+    (rows_fit_warps: channels contiguous, D a power of two >= 256, address and strides multiples of 16);
+    any other x, and every launch in the interpreter, stays on one warp. The bits at those tiles are held on
+    the GPU (tests/test_gpu.py::test_qnorm_rows_on_warps_keep_the_bits)."""
+    import dsrope.qnorm_rope as module
+
+    monkeypatch.setattr(module, "INTERPRET", False)  # the compiled launcher's decision, taken on the CPU
+    monkeypatch.setattr(module, "ROWS_ON_WARPS", ((512, 4, 2), (4096, 8, 4)))
+    decode = lambda b: torch.empty(b, 1, 64, 512, dtype=torch.bfloat16).transpose(1, 2)  # noqa: E731
+    assert module.rows_fit_warps(decode(1))
+    warps = lambda x: module.forward_config(x).get("num_warps", 1)  # noqa: E731  (none in the interpreter's tile)
+    tiles = [(c["M"], c["num_warps"], c["CHUNK"]) for c in map(module.forward_config, map(decode, (8, 64, 256)))]
+    assert tiles == [(4, 2, 256), (8, 4, 256), (8, 4, 256)]
+    assert warps(decode(4)) == 1 and module.forward_config(decode(4))["CHUNK"] == 512  # 256 rows: one warp
+    assert module.forward_config(torch.empty(64, 64, 1, 512))["CHUNK"] == 128  # fp32: 4 channels a vector
+    storage = torch.empty(64 * 64 * 512 + 16, dtype=torch.bfloat16)
+    refused = {
+        "channel-strided": torch.empty(64, 64, 1, 1024, dtype=torch.bfloat16)[..., ::2],
+        "D not a power of two": torch.empty(64, 64, 1, 320, dtype=torch.bfloat16),
+        "D below 256": torch.empty(64, 512, 1, 128, dtype=torch.bfloat16),
+        "address off 16 bytes": storage[1 : 1 + 64 * 64 * 512].view(64, 64, 1, 512),
+        "a stride off 16": torch.empty(64, 64, 1, 520, dtype=torch.bfloat16)[..., :512],
+    }
+    for why, x in refused.items():
+        assert not module.rows_fit_warps(x), why
+        assert warps(x) == 1, why
+    monkeypatch.setattr(module, "INTERPRET", True)
+    assert not module.rows_fit_warps(decode(64)) and warps(decode(64)) == 1

@@ -220,12 +220,14 @@ for phase in "$@"; do
       cat "$OUT/bits.log"
       timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_rope.py 2>&1 | grep -E "passed|failed|FAILED|ERROR" | tail -8 ;;
     # the QNorm forward with whole rows on several warps (CHUNK): the bits of this tree against 3e8890d's, the
-    # GPU tests that hold the tiles' bits, then the QNorm forward's sweep (prefill and decode, every tile)
+    # GPU tests that hold the tiles' bits, the decode bench, then the QNorm forward's sweep (prefill and decode)
     warps36)
       bits_vs_baseline
       cat "$OUT/bits.log"
       timeout 150 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_qnorm_rope.py 2>&1 | grep -E "passed|failed|FAILED|ERROR" | tail -8
-      timeout 300 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out "$OUT/sweep" --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
+      timeout 120 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench.log" 2>&1
+      echo "bench rc $?"; bench_targets "$OUT/bench-decode"; grep -E "^\| *qnorm" "$OUT/bench-decode"/*.md | head -12
+      timeout 250 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out "$OUT/sweep" --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "^copy|launcher|best M=" "$OUT/sweep.log"; rm -f "$OUT/sweep/sweep.csv" ;;
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200

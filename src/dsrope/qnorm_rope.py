@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
+from dsrope.interpreter import INTERPRET
 from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
@@ -148,19 +149,50 @@ def _qnorm_rope_backward(
 FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 
 
+# Whole rows on several warps: (least rows of the launch, M rows a program, warps), the last entry a launch
+# reaches wins; below the first, one warp. Only for an x that `rows_fit_warps` accepts (then each row's sum is
+# the same PTX as on one warp). Chosen by tools/sweep.py (docs/decode.md).
+ROWS_ON_WARPS: tuple[tuple[int, int, int], ...] = ()
+
+
 def warp_pass(x: torch.Tensor) -> int:
     """Lanes one warp covers in one pass over a row: 32 threads x one 16-byte vector of x's dtype."""
     return 32 * 16 // x.element_size()
 
 
+def rows_fit_warps(x: torch.Tensor) -> bool:
+    """Whether x's rows can go whole onto several warps with their one-warp bits: channels contiguous, D a
+    power of two of at least 256 (the tile BLOCK = D holds whole passes of a warp), and x's address and
+    strides multiples of 16 (as Triton specializes them), so that every thread loads 16-byte vectors: a
+    pass of a warp is then CHUNK = warp_pass(x) lanes, and the tile [M, D // CHUNK, CHUNK] gives each
+    thread the lanes, in the order, it holds on one warp (tools/rotation_ptx.py --rows-per-program)."""
+    dim = x.shape[-1]
+    return (
+        not INTERPRET
+        and x.stride(-1) == 1
+        and dim >= 256
+        and dim & (dim - 1) == 0
+        and x.data_ptr() % 16 == 0
+        and all(stride % 16 == 0 for stride in x.stride()[:-1])
+    )
+
+
 def forward_config(x: torch.Tensor) -> dict:
-    """The forward's tile for x: M rows a program, BLOCK lanes, CHUNK lanes a pass, one warp."""
-    return _forward_config(x.shape[-1], x.stride(-1) == 1)
+    """The forward's tile for x: M rows a program, BLOCK lanes, CHUNK lanes a pass, warps."""
+    dim = x.shape[-1]
+    tier = 0
+    if ROWS_ON_WARPS and rows_fit_warps(x):
+        rows = x.numel() // dim
+        tier = sum(rows >= least for least, _, _ in ROWS_ON_WARPS)
+    return _forward_config(dim, x.stride(-1) == 1, tier, x.element_size())
 
 
 @functools.cache  # once per geometry (host time, as tile_config); the dict is shared: never change it
-def _forward_config(dim: int, channel_contiguous: bool) -> dict:
+def _forward_config(dim: int, channel_contiguous: bool, tier: int, element_size: int) -> dict:
     block = next_pow2(dim)
+    if tier:
+        _, rows_per_program, warps = ROWS_ON_WARPS[tier - 1]
+        return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=32 * 16 // element_size)
     contiguous = channel_contiguous and block >= 256
     return dict(tile_config(dim, CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS), CHUNK=block)
 
