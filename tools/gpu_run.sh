@@ -229,6 +229,13 @@ for phase in "$@"; do
       echo "bench rc $?"; bench_targets "$OUT/bench-decode"; grep -E "^\| *qnorm" "$OUT/bench-decode"/*.md | head -12
       timeout 250 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out "$OUT/sweep" --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "^copy|launcher|best M=" "$OUT/sweep.log"; rm -f "$OUT/sweep/sweep.csv" ;;
+    # the closing run of the rows-on-warps tiles: close36 (bits, gpu-tests alone, compile list), then the
+    # decode bench of ours (the full bench: add the phase bench)
+    warps-close)
+      bash "$0" close36
+      timeout 120 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench-decode.log" 2>&1
+      echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"; rm -f "$OUT"/bench-decode/*.csv
+      grep -E "^\| *qnorm" "$OUT/bench-decode"/decode.md ;;
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
     # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
