@@ -183,18 +183,18 @@ def rows_fit_warps(x: torch.Tensor) -> bool:
 def forward_config(x: torch.Tensor) -> dict:
     """The forward's tile for x: M rows a program, BLOCK lanes, CHUNK lanes a pass, warps."""
     dim = x.shape[-1]
-    tier = 0
+    tile = (0, 0)  # one warp
     if ROWS_ON_WARPS and rows_fit_warps(x):
         rows = x.numel() // dim
         tier = sum(rows >= least for least, _, _ in ROWS_ON_WARPS)
-    return _forward_config(dim, x.stride(-1) == 1, tier, x.element_size())
+        tile = ROWS_ON_WARPS[tier - 1][1:] if tier else tile
+    return _forward_config(dim, x.stride(-1) == 1, x.element_size(), *tile)
 
 
 @functools.cache  # once per geometry (host time, as tile_config); the dict is shared: never change it
-def _forward_config(dim: int, channel_contiguous: bool, tier: int, element_size: int) -> dict:
+def _forward_config(dim: int, channel_contiguous: bool, element_size: int, rows_per_program: int, warps: int) -> dict:
     block = next_pow2(dim)
-    if tier:
-        _, rows_per_program, warps = ROWS_ON_WARPS[tier - 1]
+    if warps:  # whole rows on warps
         return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=32 * 16 // element_size)
     contiguous = channel_contiguous and block >= 256
     return dict(tile_config(dim, CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS), CHUNK=block)
