@@ -227,7 +227,7 @@ for phase in "$@"; do
       timeout 150 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py tests/test_qnorm_rope.py 2>&1 | grep -E "passed|failed|FAILED|ERROR" | tail -8
       timeout 120 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench.log" 2>&1
       echo "bench rc $?"; bench_targets "$OUT/bench-decode"; grep -E "^\| *qnorm" "$OUT/bench-decode"/*.md | head -12
-      timeout 250 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out "$OUT/sweep" --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
+      timeout 250 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "^copy|launcher|best M=" "$OUT/sweep.log"; rm -f "$OUT/sweep/sweep.csv" ;;
     # the closing run of the rows-on-warps tiles: close36 (bits, gpu-tests alone, compile list), then the
     # decode bench of ours (the full bench: add the phase bench)

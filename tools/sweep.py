@@ -95,7 +95,7 @@ def launch(kernel, t, config, old=None):
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
     if kernel == "qnorm_fwd":  # the split form (RBLOCK, CHUNK); the earlier kernel had one tile a row
-        chunk = D if config["num_warps"] == 1 else qnorm_rope.warp_pass(x)  # rows on warps (forward_config)
+        chunk = D if config["num_warps"] == 1 else qnorm_rope.warp_pass(x.element_size())  # rows on warps
         kw = kw if old else dict(kw, RBLOCK=R, CHUNK=chunk)
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw

@@ -158,23 +158,23 @@ FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 ROWS_ON_WARPS: tuple[tuple[int, int, int], ...] = ((1, 2, 2),)
 
 
-def warp_pass(x: torch.Tensor) -> int:
-    """Lanes one warp covers in one pass over a row: 32 threads x one 16-byte vector of x's dtype."""
-    return 32 * 16 // x.element_size()
+def warp_pass(element_size: int) -> int:
+    """Lanes one warp covers in one pass over a row: 32 threads x one 16-byte vector of elements this size."""
+    return 32 * 16 // element_size
 
 
 def rows_fit_warps(x: torch.Tensor) -> bool:
     """Whether x's rows can go whole onto several warps with their one-warp bits: channels contiguous, D a
     power of two of at least 256 (the tile BLOCK = D holds whole passes of a warp), and x's address and
     strides multiples of 16 (as Triton specializes them), so that every thread loads 16-byte vectors: a
-    pass of a warp is then CHUNK = warp_pass(x) lanes, and the tile [M, D // CHUNK, CHUNK] gives each
+    pass of a warp is then CHUNK = warp_pass(x.element_size()) lanes, and the tile [M, D // CHUNK, CHUNK] gives each
     thread the lanes, in the order, it holds on one warp (tools/rotation_ptx.py --rows-per-program)."""
     dim = x.shape[-1]
     return (
         not INTERPRET
         and x.stride(-1) == 1
         and dim >= 256
-        and dim & (dim - 1) == 0
+        and next_pow2(dim) == dim
         and x.data_ptr() % 16 == 0
         and all(stride % 16 == 0 for stride in x.stride()[:-1])
     )
@@ -195,7 +195,7 @@ def forward_config(x: torch.Tensor) -> dict:
 def _forward_config(dim: int, channel_contiguous: bool, element_size: int, rows_per_program: int, warps: int) -> dict:
     block = next_pow2(dim)
     if warps:  # whole rows on warps
-        return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=32 * 16 // element_size)
+        return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=warp_pass(element_size))
     contiguous = channel_contiguous and block >= 256
     return dict(tile_config(dim, CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS), CHUNK=block)
 
