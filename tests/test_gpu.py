@@ -156,7 +156,7 @@ def test_qnorm_contiguous_tile_keeps_the_bits(batch, dim, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("rows_per_program,warps", [(2, 2), (4, 2), (8, 4)])
+@pytest.mark.parametrize("rows_per_program,warps", [(2, 2), (4, 2), (8, 4), (8, 8)])
 def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monkeypatch):
     """The QNorm forward with whole rows on each of several warps (CHUNK = one warp's pass over a row,
     dsrope.qnorm_rope.warp_pass) must store every bit (out and the saved rstd) that the one-warp tile

@@ -236,6 +236,12 @@ for phase in "$@"; do
       timeout 120 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench-decode.log" 2>&1
       echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"; rm -f "$OUT"/bench-decode/*.csv
       grep -E "^\| *qnorm" "$OUT/bench-decode"/decode.md ;;
+    # issue 36's closing run on one call: close36, then the bench's rows of ours (prefill and decode) with targets;
+    # t.log dropped (its summary is in run.log) so that the bench's files come back (at most 8 files)
+    close-bench)
+      bash "$0" close36; rm -f "$OUT/t.log"
+      timeout "${BENCH_LIMIT:-230}" python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+      echo "bench rc $?"; bench_targets "$OUT/bench"; grep -E "worst fraction" "$OUT/bench.log" ;;
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
     # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
