@@ -12,7 +12,8 @@ warps) calls.
 
 --baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
 version, at its own config) in the same run, for an A/B comparison; its `_qnorm_rope` is the one-tile
-form before the split (no RBLOCK); `bash tools/baseline.sh` writes them (3e8890d's) to sweep_baseline/.
+form before the split (no RBLOCK); `bash tools/baseline.sh` writes them (3e8890d's) to sweep_baseline/, with
+that tree's whole package in old_src/, which the old modules are imported from (load_baseline).
 
     python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
     python -m tools.sweep --kernels rope qnorm_fwd --decode-only [--baseline DIR]   # the decode rows alone
@@ -23,8 +24,10 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import importlib
 import itertools
 import multiprocessing
+import sys
 from pathlib import Path
 
 import torch  # noqa: E402
@@ -106,7 +109,25 @@ def launch(kernel, t, config, old=None):
 
 
 def load_baseline(folder):
-    return tuple(load_module(name, Path(folder) / f"{name}.py") for name in ("old_rope", "old_qnorm_rope"))
+    """(rope, qnorm_rope) of the earlier tree in folder: its whole package from old_src/src (tools/baseline.sh),
+    imported beside this tree's, so that its modules import the helpers of their own tree (3e8890d's
+    qnorm_rope.py needs a dsrope.tiles.spread_rows that this tree no longer has); else old_rope.py and
+    old_qnorm_rope.py alone, which import this tree's helpers."""
+    package = Path(folder) / "old_src" / "src"
+    if not (package / "dsrope").is_dir():
+        return tuple(load_module(name, Path(folder) / f"{name}.py") for name in ("old_rope", "old_qnorm_rope"))
+    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "dsrope"}
+    for name in ours:
+        del sys.modules[name]
+    sys.path.insert(0, str(package.resolve()))
+    try:
+        old = importlib.import_module("dsrope.rope"), importlib.import_module("dsrope.qnorm_rope")
+    finally:
+        sys.path.pop(0)
+        for name in [name for name in sys.modules if name.split(".")[0] == "dsrope"]:
+            del sys.modules[name]
+        sys.modules.update(ours)
+    return old
 
 
 BASELINE = {
