@@ -161,13 +161,16 @@ def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monke
     """The QNorm forward with whole rows on each of several warps (CHUNK = one warp's pass over a row,
     dsrope.qnorm_rope.warp_pass) must store every bit (out and the saved rstd) that the one-warp tile
     stores: each row's sum of squares is the same PTX at both (tools/rotation_ptx.py --rows-per-program);
-    this holds it on the device, on decode rows spanning the dtype's range and on a head-major prefill x."""
+    this holds it on the device, on decode rows spanning the dtype's range, on a head-major prefill x and on
+    one of 123 rows (the last program holds fewer rows than M)."""
     import dsrope.qnorm_rope as module
 
     decode = decode_rows(64, 512, dtype, seed=11)
     g = torch.Generator(device=DEVICE).manual_seed(12)
     prefill = (torch.randn(2, 8, 40, 512, device=DEVICE, generator=g) * 3).to(dtype)  # head-major, 640 rows
+    ragged = (torch.randn(1, 3, 41, 512, device=DEVICE, generator=g) * 3).to(dtype)  # 123 rows: last program part-full
     inputs = [(decode, *tables(64, 1, ROTARY, seed=13)), (prefill, *tables(2, 40, ROTARY, seed=14))]
+    inputs.append((ragged, *tables(1, 41, ROTARY, seed=15)))
     monkeypatch.setattr(module, "ROWS_ON_WARPS", ())  # every launch on one warp
     one_warp = [torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6) for x, cos, sin in inputs]
     assert all(module.forward_config(x)["num_warps"] == 1 for x, _, _ in inputs)

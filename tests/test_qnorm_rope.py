@@ -289,13 +289,18 @@ def test_rows_on_warps_only_where_a_thread_keeps_its_lanes(monkeypatch):
 
     monkeypatch.setattr(module, "INTERPRET", False)  # the compiled launcher's decision, taken on the CPU
     shipped = module.forward_config(torch.empty(64, 64, 1, 512, dtype=torch.bfloat16))  # cached before the patch
+    # the shipped table's prefill tier: 65536 rows and up (x's rows all on one 512-channel vector: only the
+    # launcher's inputs, shape, strides and address, are read)
+    rows = lambda n: torch.empty(512, dtype=torch.bfloat16).as_strided((1, 64, n // 64, 512), (0, 0, 0, 1))  # noqa: E731
+    prefill = [(c["M"], c["num_warps"]) for c in map(module.forward_config, map(rows, (65536 - 64, 65536)))]
+    assert prefill == [(2, 2), (8, 8)]
     shipped_tile = [tile for least, *tile in module.ROWS_ON_WARPS if 64 * 64 >= least][-1]
     monkeypatch.setattr(module, "ROWS_ON_WARPS", ((512, 4, 2), (4096, 8, 4)))
     decode = lambda b: torch.empty(b, 1, 64, 512, dtype=torch.bfloat16).transpose(1, 2)  # noqa: E731
     assert module.rows_fit_warps(decode(1))
     warps = lambda x: module.forward_config(x).get("num_warps", 1)  # noqa: E731  (none in the interpreter's tile)
     tiles = [(c["M"], c["num_warps"], c["CHUNK"]) for c in map(module.forward_config, map(decode, (8, 64, 256)))]
-    assert tiles == [(4, 2, 256), (8, 4, 256), (8, 4, 256)]
+    assert tiles == [(4, 2, 256), (8, 4, 256), (8, 4, 256)]  # fails if the cache is keyed by a tile's place
     assert warps(decode(4)) == 1 and module.forward_config(decode(4))["CHUNK"] == 512  # 256 rows: one warp
     assert module.forward_config(torch.empty(64, 64, 1, 512))["CHUNK"] == 128  # fp32: 4 channels a vector
     storage = torch.empty(64 * 64 * 512 + 16, dtype=torch.bfloat16)
@@ -309,6 +314,6 @@ def test_rows_on_warps_only_where_a_thread_keeps_its_lanes(monkeypatch):
     for why, x in refused.items():
         assert not module.rows_fit_warps(x), why
         assert warps(x) == 1, why
-    assert [shipped["M"], shipped["num_warps"]] == shipped_tile  # the cache is keyed by the tile, not its place
+    assert [shipped["M"], shipped["num_warps"]] == shipped_tile
     monkeypatch.setattr(module, "INTERPRET", True)
     assert not module.rows_fit_warps(decode(64)) and warps(decode(64)) == 1

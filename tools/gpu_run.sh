@@ -232,14 +232,14 @@ for phase in "$@"; do
     # the closing run of the rows-on-warps tiles: close36 (bits, gpu-tests alone, compile list), then the
     # decode bench of ours (the full bench: add the phase bench)
     warps-close)
-      bash "$0" close36
+      bash "$0" close36 > /dev/null  # close36 tees into run.log itself
       timeout 120 python3 -m bench.bench --decode --impls triton --out "$OUT/bench-decode" > "$OUT/bench-decode.log" 2>&1
       echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"; rm -f "$OUT"/bench-decode/*.csv
       grep -E "^\| *qnorm" "$OUT/bench-decode"/decode.md ;;
     # issue 36's closing run on one call: close36, then the bench's rows of ours (prefill and decode) with targets;
     # t.log dropped (its summary is in run.log) so that the bench's files come back (at most 8 files)
     close-bench)
-      bash "$0" close36; rm -f "$OUT/t.log"
+      bash "$0" close36 > /dev/null; rm -f "$OUT/t.log"  # close36 tees into run.log itself
       timeout "${BENCH_LIMIT:-230}" python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1
       echo "bench rc $?"; bench_targets "$OUT/bench"; grep -E "worst fraction" "$OUT/bench.log" ;;
     # issue 36: the bench's forward+backward rows at 1 x 64 x 4096 against the kernels' sum and graph replay

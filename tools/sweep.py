@@ -29,6 +29,7 @@ import itertools
 import multiprocessing
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -108,6 +109,16 @@ def launch(kernel, t, config, old=None):
     )
 
 
+def _plain_function(*args, **kwargs):
+    """torch.library.custom_op for a baseline's modules: the function itself, registered nowhere."""
+
+    def keep(fn):
+        fn.register_fake = lambda fake: fake
+        return fn
+
+    return keep
+
+
 def load_baseline(folder):
     """(rope, qnorm_rope) of the earlier tree in folder: its whole package from old_src/src (tools/baseline.sh),
     imported beside this tree's, so that its modules import the helpers of their own tree (3e8890d's
@@ -119,11 +130,16 @@ def load_baseline(folder):
     ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "dsrope"}
     for name in ours:
         del sys.modules[name]
-    sys.path.insert(0, str(package.resolve()))
+    path = str(package.resolve())
+    sys.path.insert(0, path)
+    # the old modules define the same torch.library ops (dsrope::...), and torch lets a later definition replace
+    # an earlier one: left alone, this tree's ops would run the old launchers for the rest of the process
+    unregistered = mock.patch.multiple(torch.library, custom_op=_plain_function, register_autograd=lambda *a, **k: None)
     try:
-        old = importlib.import_module("dsrope.rope"), importlib.import_module("dsrope.qnorm_rope")
+        with unregistered:
+            old = importlib.import_module("dsrope.rope"), importlib.import_module("dsrope.qnorm_rope")
     finally:
-        sys.path.pop(0)
+        sys.path.remove(path)
         for name in [name for name in sys.modules if name.split(".")[0] == "dsrope"]:
             del sys.modules[name]
         sys.modules.update(ours)

@@ -154,9 +154,11 @@ FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 # the same PTX as on one warp). One row a warp, two warps a program, up to decode's largest launch: on an H100
 # (2026-12-06, tools/sweep.py --kernels qnorm_fwd --decode, graph replay, docs/decode.md) the fastest or within
 # 0.04 us of it at every decode row (B x H = 64 x 64: 2.72 us, 1.14x copy_, against 3.01 at M = 2 on one
-# warp). From 65536 rows (prefill; the bench's smallest is 262144, decode's largest 32768) one row a warp on
-# eight warps: on an H100 (2026-12-06 03:24, docs/decode.md "the prefill row") 0.5-0.9 points of copy ahead
-# of two warps at each of the four prefill rows timed (1 x 64 x 4096 head-major 0.945 against 0.937).
+# warp). From 65536 rows one row a warp on eight warps: on an H100 (2026-12-06, docs/decode.md "the prefill
+# row") 0.4-0.9 points of copy ahead of two warps at each of the four bf16 D = 512 prefill launches timed
+# (1 x 64 x 4096 head-major 0.945 against 0.937-0.940). The cut is a choice between decode's largest launch
+# (32768 rows) and the bench's smallest prefill one (262144); nothing between them, and no other dtype or D,
+# was timed.
 ROWS_ON_WARPS: tuple[tuple[int, int, int], ...] = ((1, 2, 2), (65536, 8, 8))
 
 
