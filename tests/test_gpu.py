@@ -175,7 +175,8 @@ def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monke
     one_warp = [torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6) for x, cos, sin in inputs]
     assert all(module.forward_config(x)["num_warps"] == 1 for x, _, _ in inputs)
     assert all(module.rows_fit_warps(x) for x, _, _ in inputs)
-    tile = dict(M=rows_per_program, BLOCK=512, num_warps=warps, CHUNK=module.warp_pass(decode.element_size()))
+    chunk = module.row_chunk(512, decode.element_size(), warps)
+    tile = dict(M=rows_per_program, BLOCK=512, num_warps=warps, CHUNK=chunk)
     monkeypatch.setattr(module, "forward_config", lambda x: tile)
     for (x, cos, sin), expected in zip(inputs, one_warp, strict=True):
         for a, b in zip(expected, torch.ops.dsrope.qnorm_rope(x, cos, sin, ROTARY, 1e-6), strict=True):

@@ -297,7 +297,7 @@ def rows_per_program_report() -> bool:
         sums = {}
         tiles = [(m, 1) for m in (1, 2, 4, 8)] + ([(w * k, w) for w in (2, 4, 8) for k in (1, 2)] if contiguous else [])
         for m, warps in tiles:
-            chunk = 512 if warps == 1 else qnorm_rope.warp_pass(4 if dtype == "fp32" else 2)
+            chunk = qnorm_rope.row_chunk(512, 4 if dtype == "fp32" else 2, warps)
             const = dict(H=8, D=512, R=64, M=m, BLOCK=512, RBLOCK=64, CHUNK=chunk, EPS=1e-6)
             sums[m, warps] = row_sums(ptx(qnorm_rope._qnorm_rope, dtype, const, contiguous, True, True, True, warps))
         same = [tile for tile in tiles if sums[tile] and set(sums[tile]) == {sums[4, 1][0]}]

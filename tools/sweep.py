@@ -99,7 +99,7 @@ def launch(kernel, t, config, old=None):
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
     if kernel == "qnorm_fwd":  # the split form (RBLOCK, CHUNK); the earlier kernel had one tile a row
-        chunk = D if config["num_warps"] == 1 else qnorm_rope.warp_pass(x.element_size())  # rows on warps
+        chunk = qnorm_rope.row_chunk(D, x.element_size(), config["num_warps"])
         kw = kw if old else dict(kw, RBLOCK=R, CHUNK=chunk)
         return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw

@@ -167,6 +167,12 @@ def warp_pass(element_size: int) -> int:
     return 32 * 16 // element_size
 
 
+def row_chunk(block: int, element_size: int, warps: int) -> int:
+    """The forward's CHUNK: the whole row tile on one warp; one warp's pass over the row (warp_pass) when whole
+    rows go on several warps."""
+    return block if warps == 1 else warp_pass(element_size)
+
+
 def rows_fit_warps(x: torch.Tensor) -> bool:
     """Whether x's rows can go whole onto several warps with their one-warp bits: channels contiguous, D a
     power of two of at least 256 (the tile BLOCK = D holds whole passes of a warp), and x's address and
@@ -199,7 +205,7 @@ def forward_config(x: torch.Tensor) -> dict:
 def _forward_config(dim: int, channel_contiguous: bool, element_size: int, rows_per_program: int, warps: int) -> dict:
     block = next_pow2(dim)
     if warps:  # whole rows on warps
-        return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=warp_pass(element_size))
+        return dict(M=rows_per_program, BLOCK=block, num_warps=warps, CHUNK=row_chunk(block, element_size, warps))
     contiguous = channel_contiguous and block >= 256
     return dict(tile_config(dim, CONTIGUOUS_ELEMENTS if contiguous else FORWARD_ELEMENTS), CHUNK=block)
 
