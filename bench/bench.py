@@ -3,9 +3,11 @@
 For each shape (B in {1, 4}, H in {64, 128}, S in {4096, 16384}, D=512, R=64, bf16), each input
 layout (the production [B, H, S, D] view of token-major storage, and a contiguous head-major
 tensor), each kernel and direction (forward, backward, forward+backward): the median time over
-warm runs (triton.testing.do_bench), the bytes that must move (each input read once, each output
-written once), GB/s, the fraction of the device-to-device copy bandwidth measured in this run,
-and the speedup over eager and over torch.compile (same run). Ours is timed three times (once
+warm runs (triton.testing.do_bench; forward+backward: the forward and its autograd backward captured
+in one CUDA graph, the replay timed by do_bench, so that the row times kernels and not the host's
+enqueue), the bytes that must move (each input read once, each output written once), GB/s, the
+fraction of the device-to-device copy bandwidth measured in this run, and the speedup over eager and
+over torch.compile (same run). Ours is timed three times (once
 before the others, twice after) and the median of those medians is reported. Writes a CSV, a
 markdown table and a PNG chart.
 
@@ -24,7 +26,8 @@ Each the median of `DECODE_SAMPLES` such measurements. Writes decode.csv and dec
 Peers (dsrope_gate.presets): `--peers [NAMES]` times them forward beside ours (in-place table, prefill and
 decode; `--decode` the decode rows only: one call of each peer per timed call). `--backward [--peers
 [NAMES]]`: forward+backward rows of ours, the eager chain and the named peers (token-major x, one
-autograd.grad per timed call), cells saying why where a row is not timed (dsrope_gate.peer_timing).
+autograd.grad per timed call, under graph replay where it can be captured), cells saying why where
+a row is not timed (dsrope_gate.peer_timing).
 
     python -m bench.bench --backward --peers         # forward+backward: every preset
     python -m bench.bench --decode --peers           # decode rows of ours and every peer
@@ -143,11 +146,42 @@ def _time_one(fn, x, cos, sin, direction):
             lambda: torch.autograd.grad(out, xg, g, retain_graph=True), warmup=25, rep=100, return_mode="median"
         )
 
-    def both():
-        xi = x.detach().requires_grad_()
-        torch.autograd.grad(fn(xi, cos, sin), xi, g)
+    leaf = x.detach().requires_grad_()
 
-    return do_bench(both, warmup=25, rep=100, return_mode="median")
+    def both():
+        torch.autograd.grad(fn(leaf, cos, sin), leaf, g)
+
+    try:
+        return _replayed_ms(both)
+    except RuntimeError as e:  # a peer that syncs or allocates on the host mid-call: timed host-driven, said so
+        torch.cuda.empty_cache()
+        print(f"forward+backward of {getattr(fn, '__name__', fn)} not capturable in a CUDA graph "
+              f"({type(e).__name__}: {str(e)[:120]}); timed host-driven", flush=True)  # fmt: skip
+        return do_bench(both, warmup=25, rep=100, return_mode="median")
+
+
+def _replayed_ms(fn):
+    """fn captured once in a CUDA graph and the graph replayed under do_bench (median, ms): the GPU's time
+    for fn's kernels, with do_bench's L2 flush before each replay as for the other prefill rows. The
+    forward+backward rows are timed this way because the host's enqueue of a forward and its autograd
+    backward is within 1.4-2.8x of the GPU's work at 1 x 64 x 4096 (docs/decode.md, "the prefill row"), and
+    host-driven samples there read 20-30% slow on unchanged kernels."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch asks before capturing autograd
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the warm-up's cached blocks back, so the graph's private pool can take them
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
+    finally:
+        del graph
+        torch.cuda.empty_cache()
 
 
 def main():
@@ -490,7 +524,7 @@ def fwd_bwd(out, shapes, versions, names):
     from dsrope_gate import peer_timing, presets
 
     impls = presets.load(["dsrope", "eager-chain", *names], "cuda", None, lambda msg: print(msg, flush=True))
-    meta = f"{versions}; forward+backward, token-major x, the median of do_bench (ms)"
+    meta = f"{versions}; forward+backward, token-major x, the pair's CUDA graph replayed under do_bench, median (ms)"
     print(meta, flush=True)
     rows = []
     for b, h, s in shapes:

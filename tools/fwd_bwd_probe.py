@@ -1,9 +1,11 @@
 """Why the bench's forward+backward rows at its smallest shape (1 x 64 x 4096) sometimes read 20-30% slow
-(issue 36: 0.712 and 0.753 of copy in one run, 0.97-0.99 in the next, on the same kernels).
+when they were timed host-driven (issue 36: 0.712 and 0.753 of copy in one run, 0.97-0.99 in the next, on
+the same kernels); the bench now times them under graph replay (bench.bench._replayed_ms).
 
 For both ops and both layouts, on CUDA, in one run:
-- the bench's own forward+backward timing (bench.bench._time_one) six times, beside the forward and the
-  backward timed alone: when the host keeps up, forward+backward is their sum;
+- the host-driven forward+backward timing the bench used before (do_bench around one forward and its
+  autograd.grad) six times, beside the forward and the backward timed alone by the bench: when the host
+  keeps up, forward+backward is their sum;
 - the host's time to enqueue one forward+backward (the autograd call returns once its kernels are queued),
   and 200 calls back to back;
 - the pair captured once in a CUDA graph and replayed: the kernels' time with no host in the way.
@@ -20,7 +22,7 @@ import time
 import torch
 from triton.testing import do_bench
 
-from bench.bench import IMPLS, _time_one, make_inputs
+from bench.bench import IMPLS, _replayed_ms, _time_one, make_inputs
 
 
 def enqueue_times(both, calls=50):
@@ -45,41 +47,25 @@ def back_to_back(both, calls=200):
     return (time.perf_counter() - start) / calls
 
 
-def graph_replay_ms(fn, x, cos, sin, g):
-    """The forward and its backward captured in one CUDA graph (warmed on a side stream, as torch asks), then
-    replayed under do_bench: three medians, ms."""
-    leaf = x.detach().clone().requires_grad_()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            torch.autograd.grad(fn(leaf, cos, sin), leaf, g)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        torch.autograd.grad(fn(leaf, cos, sin), leaf, g)
-    return [do_bench(graph.replay, warmup=25, rep=100, return_mode="median") for _ in range(3)]
-
-
 def probe(kernel, layout, x, cos, sin, g):
     """Print the three measurements for one op on one input."""
     fn = IMPLS[kernel]["triton"]
     tag = f"{kernel} 1x64x4096 {layout}"
-    pair = [_time_one(fn, x, cos, sin, "forward+backward") for _ in range(6)]
-    fwd, bwd = (_time_one(fn, x, cos, sin, direction) for direction in ("forward", "backward"))
-    print(f"{tag}: fwd+bwd do_bench medians {[round(ms, 4) for ms in pair]} ms; "
-          f"fwd {fwd:.4f} + bwd {bwd:.4f} = {fwd + bwd:.4f}", flush=True)  # fmt: skip
 
-    def both():  # the bench's forward+backward call
+    def both():  # one forward and its backward, as the bench times the pair
         leaf = x.detach().requires_grad_()
         return torch.autograd.grad(fn(leaf, cos, sin), leaf, g)
 
+    pair = [do_bench(both, warmup=25, rep=100, return_mode="median") for _ in range(6)]
+    fwd, bwd = (_time_one(fn, x, cos, sin, direction) for direction in ("forward", "backward"))
+    print(f"{tag}: fwd+bwd host-driven do_bench medians {[round(ms, 4) for ms in pair]} ms; "
+          f"fwd {fwd:.4f} + bwd {bwd:.4f} = {fwd + bwd:.4f}", flush=True)  # fmt: skip
     enqueue = enqueue_times(both)
     print(f"{tag}: host time to enqueue one fwd+bwd median {enqueue[len(enqueue) // 2] * 1e3:.3f} ms "
           f"(min {enqueue[0] * 1e3:.3f}, max {enqueue[-1] * 1e3:.3f}); "
           f"200 back-to-back {back_to_back(both) * 1e3:.4f} ms a call", flush=True)  # fmt: skip
-    replay = graph_replay_ms(fn, x, cos, sin, g)
-    print(f"{tag}: fwd+bwd under graph replay {[round(ms, 4) for ms in replay]} ms", flush=True)
+    replay = [_replayed_ms(both) for _ in range(3)]
+    print(f"{tag}: fwd+bwd under graph replay (the bench's timing) {[round(ms, 4) for ms in replay]} ms", flush=True)
 
 
 def main():
