@@ -37,7 +37,13 @@ the shipped launch's bit for bit on this run's input (informational: one random 
 
     python -m tools.decode_ceiling --out DIR            # on CUDA: decode_ceiling.csv, decode_ceiling.md
     python -m tools.decode_ceiling --ncu                # one launch of each representative kernel, for ncu
+    python -m tools.decode_ceiling --prefill --out DIR  # on CUDA: prefill_ceiling.csv, prefill_ceiling.md
     TRITON_INTERPRET=1 python -m tools.decode_ceiling --check   # CPU: every variant runs, ceilings correct
+
+Prefill (--prefill): the bench's smallest prefill row, 1 x 64 x 4096, and 1 x 128 x 16384, each layout: a
+`copy_` of x's bytes, the ld/st `_stage` (a copy in the QNorm forward's tiling and addressing) at several tiles,
+and the two public forwards, timed as the bench times a prefill forward: what a copy can reach when it reads
+head-major x and writes token-major rows, as the forward must.
 
 Imports torch, triton and dsrope only (no bench, no dsrope_gate): the constants and the timing method are
 the bench's, repeated here.
@@ -61,8 +67,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.testing import do_bench
 
-from bench.bench import DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES, replayed_call_samples
+from bench.bench import DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES, bytes_moved, copy_bandwidth, replayed_call_samples
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton
 from dsrope import qnorm_rope as qnorm_module
 from dsrope import rope as rope_module
@@ -373,6 +380,7 @@ def make_call(v: Variant, t: Inputs):
         return grid[0], lambda: qnorm_module._qnorm_rope[grid](
             x, t.cos, t.sin, t.out, t.rstd, rows, s, h, d, R, *x.stride(), *tables,
             EPS=EPS, M=v.M, BLOCK=next_pow2(d), RBLOCK=R, num_warps=v.warps,
+            CHUNK=qnorm_module.row_chunk(next_pow2(d), x.element_size(), v.warps),
         )  # fmt: skip
     if v.kind == "dsrope_rope":
         grid = (triton.cdiv(rows, v.M),)
@@ -622,6 +630,114 @@ class _warmup_only:
         self.kernel.run = self.saved
 
 
+# --- prefill: what bounds the forward at the bench's smallest head-major row (issue 36) ---------------------
+
+PREFILL_SHAPES = [(1, 64, 4096), (1, 128, 16384)]  # bench.bench.SHAPES' smallest; a large one beside it
+PREFILL_TILES = ((2, 2), (4, 4), (8, 8), (16, 8), (16, 16))  # (M rows a program, warps); (8, 8): the launcher's
+PREFILL_ROUNDS = 3
+
+
+def prefill_inputs(b, h, s, layout):
+    """bench.bench.make_inputs' x, cos, sin (on this tool's device), with the buffers the variants write."""
+    dev = device()
+    if layout == "token_major":
+        x = torch.randn(b, s, h, D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        x = torch.randn(b, h, s, D, device=dev, dtype=torch.bfloat16)
+    pos = torch.arange(s, device=dev, dtype=torch.float32)[:, None]
+    inv = 10000.0 ** (-torch.arange(R // 2, device=dev, dtype=torch.float32) * 2 / R)
+    ang = torch.cat((pos * inv, pos * inv), -1)[None].expand(b, s, R)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    rows = b * h * s
+    return Inputs(
+        x=x, cos=cos, sin=sin,
+        out=torch.full((rows * D,), float("nan"), device=x.device, dtype=x.dtype),
+        rstd=torch.full((rows,), float("nan"), device=x.device, dtype=torch.float32),
+        x_inplace=None, copy_dst=torch.empty_like(x), slice_src=None, slice_dst=None, flat_dst=None,
+    )  # fmt: skip
+
+
+def prefill_variants():
+    """(name, Variant, the bench's byte count: "copy" for x in and out, else the op's forward)."""
+    out = [("copy_ (x bytes)", Variant("reference", "copy_", "copy_x"), "copy")]
+    for m, w in PREFILL_TILES:
+        out.append((f"ld/st M={m} w={w}", stage_variant("ladder", "ld/st", m, w, "ld/st"), "copy"))
+    out.append(("qnorm_rope_triton", Variant("ours", "qnorm", "op_qnorm", 1, 1), "qnorm_rope"))
+    out.append(("apply_partial_rope_triton", Variant("ours", "rope", "op_rope", 1, 1), "partial_rope"))
+    return out
+
+
+def prefill_bytes(what, b, h, s):
+    return 2 * b * h * s * D * 2 if what == "copy" else bytes_moved(what, "forward", b, h, s)
+
+
+def prefill_run(out_dir: Path):
+    """Each PREFILL_SHAPES x layout: copy_ of x's bytes, the ld/st `_stage` (a copy in the forward's tiling and
+    addressing: rows in token-major order, read from x's layout, stored token-major) at PREFILL_TILES, and the
+    two public forwards; each timed as the bench times a prefill forward (do_bench median, its L2 flush), in
+    PREFILL_ROUNDS interleaved rounds; share of the bench's copy bandwidth (bench.bench.copy_bandwidth) with the
+    bench's byte counts. Writes prefill_ceiling.csv and .md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    copy = copy_bandwidth()
+    rounds = f"do_bench median, the median of {PREFILL_ROUNDS} rounds"
+    meta = f"{environment().split(';')[0]}; copy bandwidth {copy / 1e9:.0f} GB/s; {rounds}"
+    print(meta, flush=True)
+    rows = []
+    for b, h, s in PREFILL_SHAPES:
+        for layout in ("token_major", "head_major"):
+            t = prefill_inputs(b, h, s, layout)
+            calls = [(name, make_call(v, t)[1], what) for name, v, what in prefill_variants()]
+            for _, fn, _ in calls:  # compile and warm every variant before the rounds
+                fn()
+            times = {name: [] for name, _, _ in calls}
+            for _ in range(PREFILL_ROUNDS):
+                for name, fn, _ in calls:
+                    times[name].append(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+            for name, _, what in calls:
+                ms = statistics.median(times[name])
+                share = prefill_bytes(what, b, h, s) / (ms * 1e-3) / copy
+                row = dict(shape=f"{b}x{h}x{s}", layout=layout, name=name, ms=round(ms, 5),
+                           ms_min=round(min(times[name]), 5), ms_max=round(max(times[name]), 5),
+                           share_of_copy=round(share, 4))  # fmt: skip
+                rows.append(row)
+                print(" ".join(f"{k}={val}" for k, val in row.items()), flush=True)
+            del t, calls
+            torch.cuda.empty_cache()
+    with open(out_dir / "prefill_ceiling.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    names = [name for name, _, _ in prefill_variants()]
+    lines = [f"Measured {meta}. Share of copy bandwidth.", "", "| shape | layout | " + " | ".join(names) + " |"]
+    lines.append("|" + "---|" * (len(names) + 2))
+    for shape, layout in dict.fromkeys((r["shape"], r["layout"]) for r in rows):
+        got = {r["name"]: r["share_of_copy"] for r in rows if (r["shape"], r["layout"]) == (shape, layout)}
+        lines.append(f"| {shape} | {layout} | " + " | ".join(f"{got[n]:.3f}" for n in names) + " |")
+    (out_dir / "prefill_ceiling.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def check_prefill():
+    """The prefill variants on a small input of each layout: ld/st stores x's rows token-major at every tile,
+    the ops equal their own launches."""
+    for layout in ("token_major", "head_major"):
+        t = prefill_inputs(1, 4, 8, layout)
+        x_rows = storage_rows(t.x.transpose(1, 2).contiguous().transpose(1, 2))  # x's rows, token-major order
+        for name, v, _ in prefill_variants():
+            fresh = t._replace(out=torch.full_like(t.out, float("nan")), copy_dst=torch.full_like(t.x, float("nan")))
+            got = make_call(v, fresh)[1]()
+            if v.kind == "copy_x":
+                assert torch.equal(fresh.copy_dst, t.x), name
+            elif v.kind == "stage":
+                assert torch.equal(fresh.out.view(torch.int16), x_rows.view(torch.int16)), (layout, name)
+            else:
+                op = qnorm_rope_triton if v.kind == "op_qnorm" else apply_partial_rope_triton
+                want = op(t.x, t.cos, t.sin, R, EPS) if v.kind == "op_qnorm" else op(t.x, t.cos, t.sin, R)
+                got, want = (got[0], want[0]) if v.kind == "op_qnorm" else (got, want)
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (layout, name)
+            print(f"prefill {layout:11s} {name:30s} ok")
+
+
 # --- CPU check (TRITON_INTERPRET=1): every variant runs and the ceilings compute what they say ----------
 
 
@@ -684,6 +800,7 @@ def check():
                 what += ", rstd"
         print(f"{v.group:10s} {v.name:50s} {what}")
     assert not torch.equal(t.x_inplace, slice_before)  # the in-place op rotated it
+    check_prefill()
     print("check passed")
 
 
@@ -694,9 +811,12 @@ def main():
     parser.add_argument("--quick", action="store_true", help="B = 1 and B = 64 at H = 64 only")
     parser.add_argument("--ncu", action="store_true")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--prefill", action="store_true", help="the prefill forward's bound (PREFILL_SHAPES)")
     args = parser.parse_args()
     if args.check:
         return check()
+    if args.prefill:
+        return prefill_run(Path(args.out))
     if args.ncu:
         return ncu_launches()
     shapes = [(1, 64), (64, 64)] if args.quick else SHAPES
