@@ -245,7 +245,7 @@ for phase in "$@"; do
     # issue 36: the bench's forward+backward rows at 1 x 64 x 4096 against the kernels' sum and graph replay
     fwd-bwd-probe) timeout 120 python3 -m tools.fwd_bwd_probe ;;
     # issue 36: the prefill forward's bound per layout (a copy in the forward's tiling, tools/decode_ceiling.py)
-    prefill-ceiling) timeout 150 python3 -m tools.decode_ceiling --prefill --out "$OUT/prefill" 2>&1 | tail -8; rm -f "$OUT"/prefill/*.csv ;;
+    prefill-ceiling) timeout 150 python3 -m tools.decode_ceiling --prefill --out "$OUT/prefill" 2>&1 | tail -8; rm -rf "$OUT/prefill" ;;  # the table is in the log
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
     # issue 36's closing run: the kernel bits against 3e8890d's on the same device (and the committed H200
     # snapshot on an H200), then the bench (IMPLS: triton by default; BENCH_LIMIT seconds) with its targets.
