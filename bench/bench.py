@@ -7,7 +7,9 @@ warm runs (triton.testing.do_bench; forward+backward: the forward and its autogr
 in one CUDA graph, the replay timed by do_bench, so that the row times kernels and not the host's
 enqueue), the bytes that must move (each input read once, each output written once), GB/s, the
 fraction of the device-to-device copy bandwidth measured in this run, and the speedup over eager and
-over torch.compile (same run). Ours is timed three times (once
+over torch.compile (same run). Beside each shape and layout, the QNorm forward's bound: a copy in its
+addressing (rows_copy: x read in its layout, rows stored token-major, at the forward's tile), whose share
+of copy bandwidth goes in the forward rows' rows_copy_fraction and into the QNorm forward's target. Ours is timed three times (once
 before the others, twice after) and the median of those medians is reported. Writes a CSV, a
 markdown table and a PNG chart.
 
@@ -50,9 +52,11 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 from triton.testing import do_bench
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton  # noqa: E402
+from dsrope.qnorm_rope import forward_config  # noqa: E402
 from dsrope_gate import differential, perf_targets  # noqa: E402
 from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE  # noqa: E402
 
@@ -124,6 +128,42 @@ def make_inputs(b, h, s, layout):
     inv = 10000.0 ** (-torch.arange(R // 2, device="cuda", dtype=torch.float32) * 2 / R)
     ang = torch.cat((pos * inv, pos * inv), -1)[None].expand(b, s, R)
     return x, torch.cos(ang), torch.sin(ang)
+
+
+@triton.jit
+def _rows_copy(x, out, rows, S, H: tl.constexpr, D: tl.constexpr, XB, XH, XS, M: tl.constexpr):
+    """The QNorm forward's addressing with nothing between load and store: M token-major rows a program, each
+    read from x's layout (channels contiguous) and stored token-major. D a power of two."""
+    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
+    token = row // H
+    ok = (row < rows)[:, None]
+    c = tl.arange(0, D).to(tl.int64)[None, :]
+    v = tl.load(x + ((token // S) * XB + (row % H) * XH + (token % S) * XS)[:, None] + c, mask=ok)
+    tl.store(out + (row * D)[:, None] + c, v, mask=ok)
+
+
+def rows_copy(x, out):
+    """x [B, H, S, D] (channels contiguous) copied into out's token-major rows by _rows_copy at the QNorm
+    forward's tile for x (its M rows a program and warps): the yardstick of a prefill forward row, what a copy
+    reaches when it reads x's layout and writes token-major rows as the forward must. On an H100 (2026-12-06,
+    `tools/decode_ceiling.py --prefill`, docs/decode.md) such a copy read 0.941-0.944 of the copy bandwidth
+    at 1 x 64 x 4096 head-major at five tiles, and the forward 0.943."""
+    b, h, s, d = x.shape
+    rows = b * h * s
+    config = forward_config(x)
+    grid = (triton.cdiv(rows, config["M"]),)
+    _rows_copy[grid](x, out, rows, s, h, d, x.stride(0), x.stride(1), x.stride(2), M=config["M"],
+                     num_warps=config.get("num_warps", 1))  # fmt: skip
+
+
+def rows_copy_fraction(x, copy):
+    """rows_copy's share of the copy bandwidth `copy` (x read, its rows written): the median of TRITON_SAMPLES
+    do_bench medians, as ours is timed."""
+    out = torch.empty(x.numel(), device=x.device, dtype=x.dtype)
+    ms = statistics.median(
+        [do_bench(lambda: rows_copy(x, out), warmup=25, rep=100, return_mode="median") for _ in range(TRITON_SAMPLES)]
+    )
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3) / copy
 
 
 def time_one(fn, x, cos, sin, direction):
@@ -237,6 +277,7 @@ def prefill(out, impls, shapes, versions):
     for b, h, s in shapes:
         for layout in ("token_major", "head_major"):
             x, cos, sin = make_inputs(b, h, s, layout)
+            bound = rows_copy_fraction(x, copy)
             for kernel in ("qnorm_rope", "partial_rope"):
                 for direction in ("forward", "backward", "forward+backward"):
                     ms = {i: time_one(IMPLS[kernel][i], x, cos, sin, direction) for i in impls}
@@ -261,6 +302,7 @@ def prefill(out, impls, shapes, versions):
                         bytes=nbytes,
                         GBps=gbs,
                         copy_fraction=gbs * 1e9 / copy,
+                        **({"rows_copy_fraction": bound} if direction == "forward" else {}),
                         **{f"{i}_ms": ms[i] for i in impls if i != "triton"},
                         **{f"speedup_vs_{i}": ms[i] / ms["triton"] for i in impls if i != "triton"},
                     )

@@ -83,3 +83,43 @@ def test_no_compile_target_where_torch_compile_was_not_timed():
     row = decode_row("qnorm_rope", 1, 64)
     del row["compile_us"]
     assert [t.what.split(" ")[2] for t in perf_targets.decode_targets(row)] == ["copy_,"]
+
+
+@pytest.mark.parametrize(("bound", "limit"), [(0.944, 0.98 * 0.944), (0.97, 0.95), (0.999, 0.95)])
+def test_qnorm_prefill_limit_is_the_share_or_its_bound(bound, limit):
+    """0.95 of copy, or 0.98 of the row's bound where that is lower (the head-major row: a copy in the forward's
+    addressing at 0.944 of copy on an H100); at the limit met, one float step below MISSED."""
+    assert perf_targets.qnorm_prefill_limit(bound) == limit
+    row = dict(kernel="qnorm_rope", direction="forward", B=1, H=64, S=4096, layout="head_major")
+    row |= dict(copy_fraction=limit, rows_copy_fraction=bound)
+    (at,) = perf_targets.prefill_targets(row)
+    (below,) = perf_targets.prefill_targets(dict(row, copy_fraction=past(limit, at_most=False)))
+    assert (at.limit, at.missed, below.missed) == (limit, False, True)
+    assert ("of a copy in its addressing" in at.what) == (limit < 0.95)
+
+
+def test_qnorm_prefill_without_its_bound_holds_the_share():
+    """An unmeasured bound (NaN, or a row without one) leaves the 0.95 target: it never loosens it."""
+    assert perf_targets.qnorm_prefill_limit(float("nan")) == 0.95
+    row = dict(kernel="qnorm_rope", direction="forward", B=1, H=64, S=4096, layout="head_major", copy_fraction=0.94)
+    for extra in ({}, {"rows_copy_fraction": float("nan")}):
+        (target,) = perf_targets.prefill_targets(row | extra)
+        assert (target.limit, target.missed) == (0.95, True)
+
+
+@pytest.mark.parametrize("layout", ["token_major", "head_major"])
+def test_rows_copy_stores_x_rows_token_major(layout):
+    """The bench's yardstick for the QNorm forward's prefill rows copies x's rows, in token-major order, at the
+    forward's tile (the interpreter's: one warp)."""
+    import torch
+
+    from bench.bench import rows_copy
+
+    b, h, s, d = 2, 3, 5, 16
+    if layout == "token_major":
+        x = torch.randn(b, s, h, d, dtype=torch.bfloat16).transpose(1, 2)
+    else:
+        x = torch.randn(b, h, s, d, dtype=torch.bfloat16)
+    out = torch.full((x.numel(),), float("nan"), dtype=x.dtype)
+    rows_copy(x, out)
+    assert torch.equal(out.view(torch.int16), x.transpose(1, 2).reshape(-1).view(torch.int16))
