@@ -244,10 +244,11 @@ for phase in "$@"; do
       echo "bench rc $?"; bench_targets "$OUT/bench"; grep -E "worst fraction" "$OUT/bench.log" ;;
     # issue 36: the bench's forward+backward rows at 1 x 64 x 4096 against the kernels' sum and graph replay
     fwd-bwd-probe) timeout 120 python3 -m tools.fwd_bwd_probe ;;
-    # issue 36: the in-place kernel's decode tiles (every head of one token, M x warps) beside the launcher's
+    # issue 36: the in-place kernel's decode tiles (M, GROUP, warps; three interleaved rounds) beside the
+    # launcher's, the whole table in $OUT/inplace-decode.log, the four fastest and the launcher in run.log
     inplace-decode)
-      timeout 150 python3 -m tools.sweep --kernels rope_inplace --decode --decode-only --out "$OUT/sweep-inplace" > "$OUT/sweep.log" 2>&1
-      echo "sweep rc $?"; grep -E "^decode B=(64|256) H=(64|128) (M=[0-9]+ warps=[0-9]+|launcher|old)" "$OUT/sweep.log" | awk '/launcher|old/ || ++n[$2 $3] <= 4'; rm -rf "$OUT/sweep-inplace" "$OUT/sweep.log" ;;
+      timeout 280 python3 -m tools.sweep --kernels rope_inplace --decode --decode-only > "$OUT/inplace-decode.log" 2>&1
+      echo "sweep rc $?"; grep -E "^decode B=[0-9]+ H=[0-9]+ (M=|launcher|old)" "$OUT/inplace-decode.log" | awk '/launcher|old/ || ++n[$2 $3] <= 4' ;;
     # issue 36: the prefill forward's bound per layout (a copy in the forward's tiling, tools/decode_ceiling.py)
     prefill-ceiling) timeout 150 python3 -m tools.decode_ceiling --prefill --out "$OUT/prefill" 2>&1 | tail -8; rm -rf "$OUT/prefill" ;;  # the table is in the log
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;

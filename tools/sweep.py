@@ -27,6 +27,7 @@ import functools
 import importlib
 import itertools
 import multiprocessing
+import statistics
 import sys
 from pathlib import Path
 from unittest import mock
@@ -251,25 +252,48 @@ def decode_qnorm(old):
 
 
 def decode_inplace(old):
-    """Rows per program and warps of the in-place kernel at decode, under CUDA graph replay (us per call)."""
+    """The in-place kernel's decode tiles under CUDA graph replay (us per call): rows per program, warps and
+    GROUP (heads of one token side by side; M // GROUP tokens a tile) at every tile that the shape's tokens
+    fill from B = 64 up (inplace_groups), the launcher (rope.inplace_config) and a torch mul_ of the rotary
+    slice and a `copy_` of the kernel's bytes (B*H*R contiguous elements, the bench's in-place reference).
+    INPLACE_ROUNDS rounds, each timing every tile once in turn, so that a drift of the device reaches all
+    tiles alike; the median of the rounds is printed, the rounds' spread beside it."""
     from bench.bench import decode_inputs, per_replayed_call_us
 
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         t = (x, None, cos, sin, None, None)
-        found = []
-        for config in DECODE_CONFIGS:
-            found.append((per_replayed_call_us(launch("rope_inplace", t, config)[1]), config))
-        if old:
-            old_us = per_replayed_call_us(launch("rope_inplace", t, BASELINE["rope_inplace"], old)[1])
-        ceiling = per_replayed_call_us(slice_ceiling(t)[1])
-        for us, config in sorted(found, key=lambda f: f[0]):
-            print(f"decode B={b} H={h} M={config['M']} warps={config['num_warps']} {us:.2f} us", flush=True)
+        configs = [dict(c, GROUP=g) for c in DECODE_CONFIGS for g in inplace_groups(c["M"], b, h)]
         launcher = rope.inplace_config(R, h, b)
-        us = per_replayed_call_us(functools.partial(rope._launch_inplace, x, cos, sin, R))
-        print(f"decode B={b} H={h} launcher {launcher}: {us:.2f} us", flush=True)
+        calls = [launch("rope_inplace", t, c)[1] for c in configs]
+        calls.append(functools.partial(rope._launch_inplace, x, cos, sin, R))
+        rounds = [[per_replayed_call_us(call) for call in calls] for _ in range(INPLACE_ROUNDS)]
+        times = [sorted(r[i] for r in rounds) for i in range(len(calls))]
+        order = sorted(range(len(configs)), key=lambda i: statistics.median(times[i]))
+        spread = [f"{statistics.median(us):.2f} us ({us[0]:.2f}-{us[-1]:.2f})" for us in times]
+        for i in order:
+            c = configs[i]
+            print(f"decode B={b} H={h} M={c['M']} GROUP={c['GROUP']} warps={c['num_warps']} {spread[i]}", flush=True)
+        tile = f"M={launcher['M']} GROUP={launcher['GROUP']} warps={launcher.get('num_warps')}"
+        print(f"decode B={b} H={h} launcher {tile}: {spread[-1]}", flush=True)
+        ceiling = per_replayed_call_us(slice_ceiling(t)[1])
+        old_us = per_replayed_call_us(launch("rope_inplace", t, BASELINE["rope_inplace"], old)[1]) if old else None
         old_text = f"{old_us:.2f}" if old else "-"
-        print(f"decode B={b} H={h} old {old_text} us, torch slice mul_ {ceiling:.2f} us", flush=True)
+        src = torch.randn(b * h * R, device="cuda", dtype=x.dtype)
+        copy = per_replayed_call_us(functools.partial(torch.empty_like(src).copy_, src))
+        print(f"decode B={b} H={h} old {old_text} us, torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us")
+
+
+INPLACE_ROUNDS = 3
+
+
+def inplace_groups(m, b, h):
+    """GROUP values of the decode sweep at M rows a program: every row of a tile a head of one token
+    (GROUP = min(M, H)), and from B = 64 up also fewer heads at more tokens, down to one head of M tokens."""
+    one_token = min(m, triton.next_power_of_2(h))
+    if b < 64:
+        return [one_token]
+    return [g for g in (1, 2, 4, 8, 16, 32) if g <= one_token and b >= m // g]
 
 
 def compile_some(args):
