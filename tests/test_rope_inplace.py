@@ -69,7 +69,7 @@ def test_tiles_of_heads(shape, rotary):
     that are not a multiple of GROUP, token counts that do not fill the last tile, and tiles of one token's
     heads (GROUP == M: decode, on both platforms' tiles for 64 heads), each case on this platform's tile."""
     b, h, s, d = shape
-    config = inplace_config(rotary, h, b * s)
+    config = inplace_config(rotary, h, b * s, s)
     group, rows = config["GROUP"], config["M"]
     assert h % group or (b * s) % (rows // group) or group == rows, config
     cos, sin = tables(b, s, rotary, seed=h, per_batch=True)

@@ -311,7 +311,7 @@ def variants(b, h):
     rows = b * h
     qm, qw = qnorm_tile()
     pm, pw = rope_tile(rows)
-    inplace = rope_module.inplace_config(R, h, b)
+    inplace = rope_module.inplace_config(R, h, b, 1)
     group = (("GROUP", inplace["GROUP"]),)
     out = [
         Variant("reference", "copy_ (x bytes)", "copy_x"),

@@ -254,7 +254,7 @@ def decode_qnorm(old):
 def decode_inplace(old):
     """The in-place kernel's decode tiles under CUDA graph replay (us per call): rows per program, warps and
     GROUP (heads of one token side by side; M // GROUP tokens a tile) at every tile that the shape's tokens
-    fill from B = 64 up (inplace_groups), the launcher (rope.inplace_config) and a torch mul_ of the rotary
+    fill from B = 8 up (inplace_groups), the launcher (rope.inplace_config) and a torch mul_ of the rotary
     slice and a `copy_` of the kernel's bytes (B*H*R contiguous elements, the bench's in-place reference).
     INPLACE_ROUNDS rounds, each timing every tile once in turn, so that a drift of the device reaches all
     tiles alike; the median of the rounds is printed, the rounds' spread beside it."""
@@ -264,7 +264,7 @@ def decode_inplace(old):
         x, cos, sin = decode_inputs(b, h)
         t = (x, None, cos, sin, None, None)
         configs = [dict(c, GROUP=g) for c in DECODE_CONFIGS for g in inplace_groups(c["M"], b, h)]
-        launcher = rope.inplace_config(R, h, b)
+        launcher = rope.inplace_config(R, h, b, 1)
         calls = [launch("rope_inplace", t, c)[1] for c in configs]
         calls.append(functools.partial(rope._launch_inplace, x, cos, sin, R))
         rounds = [[per_replayed_call_us(call) for call in calls] for _ in range(INPLACE_ROUNDS)]
@@ -289,9 +289,9 @@ INPLACE_ROUNDS = 3
 
 def inplace_groups(m, b, h):
     """GROUP values of the decode sweep at M rows a program: every row of a tile a head of one token
-    (GROUP = min(M, H)), and from B = 64 up also fewer heads at more tokens, down to one head of M tokens."""
+    (GROUP = min(M, H)), and from B = 8 up also fewer heads at more tokens, down to one head of M tokens."""
     one_token = min(m, triton.next_power_of_2(h))
-    if b < 64:
+    if b < 8:
         return [one_token]
     return [g for g in (1, 2, 4, 8, 16, 32) if g <= one_token and b >= m // g]
 

@@ -207,26 +207,29 @@ def _rotate_inplace(
     tl.store(x_row + channel * XD, rotated.to(x.dtype.element_ty), mask=rot)
 
 
-def inplace_config(rotary: int, heads: int, tokens: int) -> dict:
+def inplace_config(rotary: int, heads: int, tokens: int, seq: int) -> dict:
     """Tile of _rotate_inplace: M rows (GROUP heads at M // GROUP tokens), BLOCK lanes, warps.
 
     Measured on the H200 (tools/sweep.py --kernels rope_inplace --decode, docs/perf.md): 1024
     elements and 4 warps a program, two heads at eight tokens (among the top eight of 30 configs, which are
-    within 0.01 of copy bandwidth of each other); where the tokens cannot fill a tile (decode: S = 1), every
-    row of a tile is a head of one token, and a launch of few rows gets fewer rows per program, down to 4
-    (at least INPLACE_PROGRAMS programs): the fastest decode tile or within 0.05 us of it on every decode
-    shape. Any tile gives every element the same instructions (no reduction): the bits do not depend on it.
-    The interpreter pays per program: big tiles on CPU.
+    within 0.01 of copy bandwidth of each other). At decode (S = 1) eight heads at two tokens: the fastest
+    tile at B = 256 and B = 64, H = 128 on an H100 (docs/decode.md, "The in-place kernel at decode": 2.61 us
+    against 2.73 us for two heads at eight tokens at 256 x 128, 1.95 against 2.03 at 256 x 64). Where the
+    tokens cannot fill a tile, every row of a tile is a head of one token, and a launch of few rows gets
+    fewer rows per program, down to 4 (at least INPLACE_PROGRAMS programs). Any tile gives every element
+    the same instructions (no reduction): the bits do not depend on it. The interpreter pays per program:
+    big tiles on CPU.
     """
     config = tile_config(rotary, INPLACE_ELEMENTS, INPLACE_WARPS)
     m = config["M"]
     while not INTERPRET and m > 4 and heads * tokens < INPLACE_PROGRAMS * m:
         m //= 2
-    group = min(m, next_pow2(heads), INPLACE_GROUP if tokens >= m // INPLACE_GROUP else m)
+    heads_side_by_side = INPLACE_DECODE_GROUP if seq == 1 else INPLACE_GROUP
+    group = min(m, next_pow2(heads), heads_side_by_side if tokens >= m // heads_side_by_side else m)
     return {**config, "M": m, "GROUP": group}
 
 
-INPLACE_ELEMENTS, INPLACE_GROUP, INPLACE_WARPS, INPLACE_PROGRAMS = 1024, 2, 4, 16
+INPLACE_ELEMENTS, INPLACE_GROUP, INPLACE_DECODE_GROUP, INPLACE_WARPS, INPLACE_PROGRAMS = 1024, 2, 8, 4, 16
 
 
 def inplace_grid(config: dict, heads: int, tokens: int) -> tuple:
@@ -240,7 +243,7 @@ def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotar
     tokens = batch * seq
     if tokens * heads == 0:
         return
-    config = inplace_config(rotary, heads, tokens)
+    config = inplace_config(rotary, heads, tokens, seq)
     _rotate_inplace[inplace_grid(config, heads, tokens)](
         x, cos, sin, tokens, seq, heads, dim, rotary,
         *x.stride(),
