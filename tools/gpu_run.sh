@@ -249,6 +249,18 @@ for phase in "$@"; do
     inplace-decode)
       timeout 280 python3 -m tools.sweep --kernels rope_inplace --decode --decode-only > "$OUT/inplace-decode.log" 2>&1
       echo "sweep rc $?"; grep -E "^decode B=[0-9]+ H=[0-9]+ (M=|launcher|old)" "$OUT/inplace-decode.log" | awk '/launcher|old/ || ++n[$2 $3] <= 4' ;;
+    # issue 36, the in-place decode tile on a short budget: the bits (as bits-bench) beside the in-place and
+    # GPU-only tests, then the decode bench of ours with its targets, then the whole bench of ours in what
+    # is left (BENCH_LIMIT seconds)
+    inplace-close)
+      (timeout 150 python3 -m nox -s gpu-tests -- -q -rfE tests/test_rope_inplace.py tests/test_gpu.py > "$OUT/t.log" 2>&1
+       echo "gpu-tests rc $?" >> "$OUT/t.log") &
+      bits_vs_baseline
+      wait; cat "$OUT/bits.log"; grep -E "passed|failed|FAILED|ERROR|rc " "$OUT/t.log" | tail -8; rm -f "$OUT/t.log"
+      timeout 120 python3 -m bench.bench --decode --impls triton --no-fail --out "$OUT/bench-decode" > "$OUT/bench-decode.log" 2>&1
+      echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"; rm -f "$OUT"/bench-decode/*.csv "$OUT"/bench-decode/*.png
+      timeout "${BENCH_LIMIT:-200}" python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1
+      echo "bench rc $?"; bench_targets "$OUT/bench"; grep -E "worst fraction" "$OUT/bench.log" ;;
     # issue 36: the prefill forward's bound per layout (a copy in the forward's tiling, tools/decode_ceiling.py)
     prefill-ceiling) timeout 150 python3 -m tools.decode_ceiling --prefill --out "$OUT/prefill" 2>&1 | tail -8; rm -rf "$OUT/prefill" ;;  # the table is in the log
     bits-tests) timeout 120 python3 -m nox -s gpu-tests -- -q -rfE tests/test_gpu.py -k keep_the_bits 2>&1 | tail -4 ;;
