@@ -15,7 +15,7 @@ from dsrope_reference.rope import partial_rope
 from hypothesis import assume, given, note
 from hypothesis import strategies as st
 
-from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_
+from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, rope
 from dsrope.rope import inplace_config, partial_rope_
 from dsrope_gate.inputs import DEVICE, DTYPES, laid_out, tables, values
 from dsrope_gate.layouts import TOKEN_MAJOR, Layout, layout_of, materialize
@@ -79,6 +79,19 @@ def test_tiles_of_heads(shape, rotary):
     # unguarded launch can corrupt the heap.
     layout = Layout(order=(0, 2, 1, 3), guard=8 * d)
     check_in_place(laid_out(shape, torch.bfloat16, layout, seed=s), cos, sin, rotary)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+def test_every_group_of_a_decode_tile(group, monkeypatch):
+    """Every GROUP of a 16-row tile (the decode sweep's range, tools/sweep.py; the launcher takes 8 at S = 1 on
+    CUDA) on a decode shape whose 12 heads fill no group of 8 or 16 and whose 5 tokens fill no tile of
+    GROUP 1 or 2: the same bits as the out-of-place kernel, nothing else written."""
+    b, h, d, rotary = 5, 12, 32, 16
+    tile = dict(M=16, GROUP=group, BLOCK=rotary) | ({} if DEVICE == "cpu" else dict(num_warps=4))
+    monkeypatch.setattr(rope, "inplace_config", lambda *args: tile)
+    cos, sin = tables(b, 1, rotary, seed=group, per_batch=True)
+    x = laid_out((b, h, 1, d), torch.bfloat16, Layout(order=(0, 2, 1, 3), guard=8 * d), seed=group)
+    check_in_place(x, cos, sin, rotary)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
