@@ -258,7 +258,8 @@ for phase in "$@"; do
       bits_vs_baseline
       wait; cat "$OUT/bits.log"; grep -E "passed|failed|FAILED|ERROR|rc " "$OUT/t.log" | tail -8; rm -f "$OUT/t.log"
       timeout 120 python3 -m bench.bench --decode --impls triton --no-fail --out "$OUT/bench-decode" > "$OUT/bench-decode.log" 2>&1
-      echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"; rm -f "$OUT"/bench-decode/*.csv "$OUT"/bench-decode/*.png
+      echo "decode bench rc $?"; grep -E "MISSED|^targets" "$OUT/bench-decode.log"
+      grep -E "^\| *partial_rope" "$OUT/bench-decode/decode.md"; rm -rf "$OUT/bench-decode" "$OUT/bench-decode.log"  # at most 8 files
       if [ "${BENCH_LIMIT:-200}" -gt 0 ]; then  # BENCH_LIMIT=0: no whole bench
         timeout "${BENCH_LIMIT:-200}" python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1
         echo "bench rc $?"; bench_targets "$OUT/bench"; grep -E "worst fraction" "$OUT/bench.log"

@@ -281,7 +281,8 @@ def decode_inplace(old):
         old_text = f"{old_us:.2f}" if old else "-"
         src = torch.randn(b * h * R, device="cuda", dtype=x.dtype)
         copy = per_replayed_call_us(functools.partial(torch.empty_like(src).copy_, src))
-        print(f"decode B={b} H={h} old {old_text} us, torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us")
+        tail = f"torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us"
+        print(f"decode B={b} H={h} old {old_text} us, {tail}", flush=True)
 
 
 INPLACE_ROUNDS = 3
@@ -289,7 +290,8 @@ INPLACE_ROUNDS = 3
 
 def inplace_groups(m, b, h):
     """GROUP values of the decode sweep at M rows a program: every row of a tile a head of one token
-    (GROUP = min(M, H)), and from B = 8 up also fewer heads at more tokens, down to one head of M tokens."""
+    (GROUP = min(M, H rounded up to a power of two)), and from B = 8 up also fewer heads at more tokens,
+    down to one head of M tokens."""
     one_token = min(m, triton.next_power_of_2(h))
     if b < 8:
         return [one_token]

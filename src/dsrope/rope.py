@@ -214,7 +214,8 @@ def inplace_config(rotary: int, heads: int, tokens: int, seq: int) -> dict:
     elements and 4 warps a program, two heads at eight tokens (among the top eight of 30 configs, which are
     within 0.01 of copy bandwidth of each other). At decode (S = 1) eight heads at two tokens: the fastest
     tile at B = 256 and B = 64, H = 128 on an H100 (docs/decode.md, "The in-place kernel at decode": 2.61 us
-    against 2.73 us for two heads at eight tokens at 256 x 128, 1.95 against 2.03 at 256 x 64). Where the
+    against 2.73 us for two heads at eight tokens at 256 x 128, 1.95 against 2.03 at 256 x 64; only H = 64 and
+    128 were timed: a head count that is not a multiple of 8 leaves rows of each tile idle). Where the
     tokens cannot fill a tile, every row of a tile is a head of one token, and a launch of few rows gets
     fewer rows per program, down to 4 (at least INPLACE_PROGRAMS programs). Any tile gives every element
     the same instructions (no reduction): the bits do not depend on it. The interpreter pays per program:
