@@ -9,9 +9,9 @@ enqueue), the bytes that must move (each input read once, each output written on
 fraction of the device-to-device copy bandwidth measured in this run, and the speedup over eager and
 over torch.compile (same run). Beside each shape and layout, the QNorm forward's bound: a copy in its
 addressing (rows_copy: x read in its layout, rows stored token-major, at the forward's tile), whose share
-of copy bandwidth goes in the forward rows' rows_copy_fraction and into the QNorm forward's target. Ours is timed three times (once
-before the others, twice after) and the median of those medians is reported. Writes a CSV, a
-markdown table and a PNG chart.
+of copy bandwidth goes in the forward rows' rows_copy_fraction and into the QNorm forward's target. Ours
+is timed three times (once before the others, twice after) and the median of those medians is reported.
+Writes a CSV, a markdown table and a PNG chart.
 
 Decode rows (S=1, B in {1, 8, 64, 256}, H in {64, 128}, D=512, R=64, bf16, forward without
 gradient, per-sequence positions): the wall time of one call as a decode loop pays it, for ours,
@@ -396,17 +396,22 @@ def decode_row(kernel, b, h, impls=("triton", "eager", "compile")):
     return row
 
 
-def inplace_decode_times(x, cos, sin) -> dict:
-    """The in-place partial RoPE under graph replay (on a copy of x, rotated again on every call) and a
-    `copy_` of its own bytes (B*H*R elements, contiguous), us per call."""
-    xi = x.clone()
+def inplace_copy(x):
+    """A `copy_` of the in-place kernel's bytes at decode x [B, H, 1, D]: B*H*R elements, contiguous (the
+    reference of the in-place decode target)."""
     src = torch.randn(x.shape[0] * x.shape[1] * R, device=x.device, dtype=x.dtype)
-    dst = torch.empty_like(src)
+    return functools.partial(torch.empty_like(src).copy_, src)
+
+
+def inplace_decode_times(x, cos, sin) -> dict:
+    """The in-place partial RoPE under graph replay (on a copy of x, rotated again on every call) and
+    inplace_copy, us per call."""
+    xi = x.clone()
     call = functools.partial(apply_partial_rope_triton_, xi, cos, sin, R)
     call()
     times = dict(
         inplace_graph_us=per_replayed_call_us(call),
-        inplace_copy_graph_us=per_replayed_call_us(functools.partial(dst.copy_, src)),
+        inplace_copy_graph_us=per_replayed_call_us(inplace_copy(x)),
     )
     times["inplace_vs_copy_graph"] = times["inplace_graph_us"] / times["inplace_copy_graph_us"]
     return times

@@ -258,7 +258,7 @@ def decode_inplace(old):
     slice and a `copy_` of the kernel's bytes (B*H*R contiguous elements, the bench's in-place reference).
     INPLACE_ROUNDS rounds, each timing every tile once in turn, so that a drift of the device reaches all
     tiles alike; the median of the rounds is printed, the rounds' spread beside it."""
-    from bench.bench import decode_inputs, per_replayed_call_us
+    from bench.bench import decode_inputs, inplace_copy, per_replayed_call_us
 
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
@@ -279,8 +279,7 @@ def decode_inplace(old):
         ceiling = per_replayed_call_us(slice_ceiling(t)[1])
         old_us = per_replayed_call_us(launch("rope_inplace", t, BASELINE["rope_inplace"], old)[1]) if old else None
         old_text = f"{old_us:.2f}" if old else "-"
-        src = torch.randn(b * h * R, device="cuda", dtype=x.dtype)
-        copy = per_replayed_call_us(functools.partial(torch.empty_like(src).copy_, src))
+        copy = per_replayed_call_us(inplace_copy(x))
         tail = f"torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us"
         print(f"decode B={b} H={h} old {old_text} us, {tail}", flush=True)
 
