@@ -110,16 +110,20 @@ def test_qnorm_prefill_without_its_bound_holds_the_share():
 @pytest.mark.parametrize("layout", ["token_major", "head_major"])
 def test_rows_copy_stores_x_rows_token_major(layout):
     """The bench's yardstick for the QNorm forward's prefill rows copies x's rows, in token-major order, at the
-    forward's tile (the interpreter's: one warp)."""
+    forward's tile (on the device the suite runs on: a Triton launch on CPU tensors fails outside the interpreter)."""
     import torch
 
     from bench.bench import rows_copy
+    from dsrope_gate.inputs import DEVICE
 
     b, h, s, d = 2, 3, 5, 16
     if layout == "token_major":
         x = torch.randn(b, s, h, d, dtype=torch.bfloat16).transpose(1, 2)
     else:
         x = torch.randn(b, h, s, d, dtype=torch.bfloat16)
-    out = torch.full((x.numel(),), float("nan"), dtype=x.dtype)
-    rows_copy(x, out)
-    assert torch.equal(out.view(torch.int16), x.transpose(1, 2).reshape(-1).view(torch.int16))
+    x_dev = x.to(DEVICE)
+    if layout == "token_major":  # .to keeps the strides of a dense permuted tensor; the test needs them kept
+        assert x_dev.stride() == x.stride()
+    out = torch.full((x.numel(),), float("nan"), dtype=x.dtype, device=DEVICE)
+    rows_copy(x_dev, out)
+    assert torch.equal(out.cpu().view(torch.int16), x.transpose(1, 2).reshape(-1).view(torch.int16))
