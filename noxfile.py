@@ -28,8 +28,9 @@ RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
 
 def checkout_path() -> str:
     """PYTHONPATH for the sessions that run in the environment they find (no install): the checkout's
-    packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference) and its root (tests, tools)."""
-    paths = [str(ROOT / "src"), str(ROOT / "reference"), str(ROOT), os.environ.get("PYTHONPATH")]
+    packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference; dev/: dsrope_dev) and its root (tests,
+    tools)."""
+    paths = [str(ROOT / "src"), str(ROOT / "reference"), str(ROOT / "dev"), str(ROOT), os.environ.get("PYTHONPATH")]
     return os.pathsep.join(filter(None, paths))
 
 
