@@ -191,7 +191,8 @@ def bench(session: nox.Session) -> None:
 def golden(session: nox.Session) -> None:
     """Regenerate the reference goldens from the reference and diff them against golden/ (tools/golden.py).
     Writes only with `-- --update`; `-- --update-snapshot` records this platform's kernel bits (here:
-    the interpreter). On a CUDA host, record its snapshot with `python -m tools.golden --update-snapshot`."""
+    the interpreter). An intended change of the kernels' bits is recorded with `nox -s bits -- --record` on each
+    platform (docs/regression-gate.md), which also writes the record."""
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", "-m", "tools.golden", *session.posargs, env=env | {"PYTHONPATH": checkout_path()})

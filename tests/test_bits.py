@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 from dsrope_dev.bits import main as bits_main
+from dsrope_dev.bits import reproduction
 
+from dsrope_gate import golden, snapshots
 from dsrope_gate.mutation.runner import catalog, mutated_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,3 +186,17 @@ def test_record_writes_the_snapshot_and_says_what_changed(clone):
     assert "| v3-bshd-bf16 |" not in entry, entry
     status = bits(clone, "--snapshot-status")
     assert "compares them with the committed snapshot" in status.stdout, status.stdout
+
+
+@pytest.mark.parametrize("name", ["nan-fp16", "v3-shared-key-bf16"])
+def test_the_reproduction_computes_the_element_it_names(name, capsys):
+    """Each stage's reproduction, run here, prints the very element of the kernels' output it names."""
+    record, tensors = golden.load_case(golden.GOLDEN, golden.read_manifest(), name)
+    outputs = snapshots.run_kernels(record, tensors)
+    device = snapshots.kernel_device().type
+    for stage, out in outputs.items():
+        i = tuple(n // 2 for n in out.shape)
+        lines = reproduction(record, tensors, stage, ", ".join(map(str, i)), device)
+        exec("\n".join(line.strip() for line in lines[1:]), {})
+        printed = capsys.readouterr().out.split()[-1]
+        assert float(printed) == out[i].item(), (stage, printed, out[i].item())

@@ -70,8 +70,9 @@ class NoBaseline(Exception):
 
 def no_snapshot_line(key: dict) -> str:
     """What a device without a committed snapshot is told, in one line."""
+    device = "Triton's interpreter" if key["device"] == "interpreter" else key["device"]
     return (
-        f"no committed kernel snapshot for {key['device']} with triton {key['triton']}: check this tree's kernel "
+        f"no committed kernel snapshot for {device} with triton {key['triton']}: check this tree's kernel "
         f"bits against main's on this device with `{CHECK_COMMAND}` (docs/regression-gate.md)"
     )
 
@@ -331,9 +332,9 @@ def reproduction(record: dict, tensors: dict, stage: str, at: str, device: str) 
     args = ", ".join(TENSORS[n] if n in TENSORS else repr(getattr(case, n)) for n in names)
     call = f"{module}.{attr}({args})"
     compute = {
-        "out": f"print({call}[{at}])",
-        "dx": f"x.requires_grad_(True); print(torch.autograd.grad({call}, x, grad)[0][{at}])",
-        "rstd": f"import dsrope.qnorm_rope; print(dsrope.qnorm_rope.qnorm_rope({args})[1][{at}])",
+        "out": f"print({call}[{at}].item())",
+        "dx": f"x.requires_grad_(True); print(torch.autograd.grad({call}, x, grad)[0][{at}].item())",
+        "rstd": f"import dsrope.qnorm_rope; print(dsrope.qnorm_rope.qnorm_rope({args})[1][{at}].item())",
     }[output]
     interpret = "TRITON_INTERPRET=1 " if device == "cpu" else ""
     return [
@@ -414,9 +415,10 @@ def check(args) -> int:
         return CHANGED
     key, versions = tree_meta["key"], tree_meta["versions"]
     device = "cpu" if key["device"] == "interpreter" else "cuda"
+    cases_text = f"{len(cases)} golden case{'s' if len(cases) > 1 else ''}"
     print(
         f"kernel bits of this tree ({ROOT}) against {label}, on {key['device']} "
-        f"(torch {versions['torch']}, triton {versions['triton']}), {len(cases)} golden cases:"
+        f"(torch {versions['torch']}, triton {versions['triton']}), {cases_text}:"
     )
     results = []
     for name in cases:
