@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from dsrope_dev.bits import main as bits_main
 from dsrope_dev.bits import reproduction
 
@@ -200,3 +201,33 @@ def test_the_reproduction_computes_the_element_it_names(name, capsys):
         exec("\n".join(line.strip() for line in lines[1:]), {})
         printed = capsys.readouterr().out.split()[-1]
         assert float(printed) == out[i].item(), (stage, printed, out[i].item())
+
+
+def test_compare_case_counts_changes_and_rejects_elements_outside_the_model():
+    """Against the stored reference of nan-fp16's QNorm output as the baseline: three elements moved, one to
+    its model's upper bound (inside), one a step past it and one to NaN (both outside); a NaN payload alone is
+    a change inside the model, and an unchanged output is no change."""
+    from dsrope_dev.bits import compare_case
+    from dsrope_reference.floats import from_ordered, ordered
+
+    record, tensors = golden.load_case(golden.GOLDEN, golden.read_manifest(), "nan-fp16")
+    stage = "qnorm_rope.out"
+    model = golden.decode_stage(stage, tensors)
+    old = {stage: model["ref"].to(torch.float16)}
+    assert not compare_case("nan-fp16", record, tensors, old, dict(old), "cpu").changed
+    finite = ((model["ref"] != model["hi"]) & model["ref"].isfinite()).flatten().nonzero().flatten()
+    i, j, k = (tuple(int(v) for v in torch.unravel_index(finite[n], model["ref"].shape)) for n in (0, 1, 2))
+    new = old[stage].clone()
+    new[i] = model["hi"][i].to(torch.float16)
+    new[j] = from_ordered(ordered(model["hi"][j].to(torch.float16)) + 1, torch.float16)
+    new[k] = float("nan")
+    result = compare_case("nan-fp16", record, tensors, old, {stage: new}, "cpu")
+    assert [(c.tensor, c.changed) for c in result.changes] == [(stage, 3)]
+    assert result.outside == {stage: 2} and result.changes[0].max_ulp >= 1 << 62
+    assert result.first[0].startswith(f"first changed: {stage}[{', '.join(map(str, min(i, j, k)))}]")
+    nan = old[stage].flatten().isnan().nonzero().flatten()
+    assert len(nan), "nan-fp16's reference has NaN rows"
+    payload = old[stage].clone()
+    payload.view(torch.int16).view(-1)[nan[0]] ^= 1  # another NaN
+    result = compare_case("nan-fp16", record, tensors, old, {stage: payload}, "cpu")
+    assert result.changed and result.outside == {stage: 0} and result.changes[0].max_ulp == 0

@@ -251,7 +251,7 @@ class CaseResult:
     def model_text(self) -> str:
         known = [v for v in self.outside.values() if v is not None]
         if not known:
-            return "no error model stored"
+            return "not judged against the error model"
         n = sum(known)
         return "all inside the error model" if n == 0 else f"{n} changed elements outside the error model"
 
@@ -274,9 +274,9 @@ def compare_case(name: str, record: dict, tensors: dict, old: dict, new: dict, d
         stage = change.tensor
         model = model_of(stage, tensors)
         a, b = old.get(stage), new.get(stage)
-        if a is None or b is None or a.shape != b.shape or model is None:
+        if model is None or a is None or b is None or a.shape != b.shape:
             result.outside[stage] = None
-            result.lines.append(f"{change_text(change)}; {'no error model stored' if model is None else 'reshaped'}")
+            result.lines.append(change_text(change) + ("; no error model stored" if model is None else ""))
             continue
         if a.dtype != b.dtype:  # as golden.diff_tensors counts them: in FP64
             a, b = a.double(), b.double()
