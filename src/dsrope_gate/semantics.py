@@ -210,8 +210,9 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
     if got.numel() == 0:
         return 1.0
     same = bits(got) == bits(emulated)
-    same |= got.isnan() & emulated.isnan()
-    return float(same.double().mean())
+    if not bool(same.all()):
+        same |= got.isnan() & emulated.isnan()
+    return int(same.sum()) / same.numel()
 
 
 def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:
