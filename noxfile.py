@@ -21,7 +21,7 @@ CPU_TORCH = "torch==2.13.0"
 # The triton releases the CPU suite runs the kernels' interpreter with: the oldest that pyproject.toml
 # claims and the newest on the package index when this was written (the H200 compiles with 3.6.0).
 TRITONS = ["3.9.0", "3.2.0"]
-# The Triton specializations gpu-tests compiles before its workers start (dsrope_gate.compile_cache)
+# The Triton specializations gpu-tests compiles before its workers start (dsrope_dev.compile_cache)
 SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl.gz"
 RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
 
@@ -121,11 +121,11 @@ def gpu_tests(session: nox.Session) -> None:
         "MLIR_DISABLE_MULTITHREADING": "1",
     }
     # Every specialization the suite compiles, compiled once on every core before the workers start
-    # (dsrope_gate.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
+    # (dsrope_dev.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
     # the session says how much of it the list lacks.
     recorded = ROOT / "out" / "specializations"
     shutil.rmtree(recorded, ignore_errors=True)
-    cache = ["python", "-m", "dsrope_gate.compile_cache"]
+    cache = ["python", "-m", "dsrope_dev.compile_cache"]
     if os.environ.get("DSROPE_WARM", "1") != "0":
         session.run(*cache, "warm", str(SPECIALIZATIONS), env=env)
     session.run("python", *pytest_args(session, junit, gpu_workers()), env=env | {RECORD: str(recorded)})
@@ -218,7 +218,7 @@ def gpu_mutants(session: nox.Session) -> None:
 
 @nox.session(venv_params=["--system-site-packages"])
 def mutants(session: nox.Session) -> None:
-    """Mutation gate (dsrope_gate.mutation): every seeded kernel fault must fail the suite.
+    """Mutation gate (dsrope_dev.mutation): every seeded kernel fault must fail the suite.
 
     CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
     On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).

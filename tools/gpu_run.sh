@@ -177,7 +177,7 @@ for phase in "$@"; do
     final36)
       bits_vs_baseline; cat "$OUT/bits.log"
       timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
-      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_dev.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
       timeout 130 python3 -m tools.sweep --kernels qnorm_fwd --decode --workers 14 --out /tmp/sweep --baseline sweep_baseline 2>&1 \
         | grep -E "best M=|^decode qnorm|^copy" > "$OUT/sweep.log"; cat "$OUT/sweep.log"
       timeout 200 python3 -m bench.bench --impls triton --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc $?"
@@ -193,7 +193,7 @@ for phase in "$@"; do
       wait
       cat "$OUT/bits.log"; tail -6 "$OUT/m.log"; rm -f "$OUT/m.log"
       timeout 170 python3 -m nox -s gpu-tests -- -q -rfE 2>&1 | tail -8
-      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_dev.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1
       timeout 110 python3 -m tools.sweep --kernels rope qnorm_fwd --decode-only --baseline sweep_baseline > "$OUT/sweep.log" 2>&1
       echo "sweep rc $?"; grep -E "launcher|^copy" "$OUT/sweep.log" ;;
     # the QNorm forward's prefill tiles (2026-12-05 13:00 also with a walk of GROUP heads of M // GROUP tokens a
@@ -208,7 +208,7 @@ for phase in "$@"; do
       cat "$OUT/bits.log"
       t0=$(date +%s); timeout 200 python3 -m nox -s gpu-tests -- -q -rfE > "$OUT/t.log" 2>&1
       echo "gpu-tests rc $? wall $(( $(date +%s) - t0 )) s"; grep -E "passed|failed|FAILED|ERROR|compile_cache" "$OUT/t.log" | tail -12
-      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_gate.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1 ;;
+      PYTHONPATH=$PWD/src:$PWD/reference timeout 15 python3 -m dsrope_dev.compile_cache merge out/specializations "$OUT/triton_specializations.jsonl.gz" 2>&1 | tail -1 ;;
     # the split partial RoPE with every load before its first store: its decode sweep beside the kernel of
     # sweep_baseline/old_rope.py (the split kernel stored first, c2e2309), the decode bench, the bits
     order36)
@@ -280,16 +280,16 @@ for phase in "$@"; do
     eps) timeout 120 python3 -m bench.eps_compile ;;
     # The correctness phases. The H200 kernel snapshot is recorded first (a kernel change re-records
     # it; `git diff golden/snapshots` then shows what changed); then the suite alone, so its wall
-    # time is the gate's time-to-verdict (with the per-test profile of dsrope_gate.profile); then
+    # time is the gate's time-to-verdict (with the per-test profile of dsrope_dev.profile); then
     # memcheck, verify and the GPU-only mutants in parallel (none of them times anything).
     gate)
       timeout 150 python3 -m tools.golden --update-snapshot > "$OUT/g.log" 2>&1; echo "snapshot rc $?" >> "$OUT/g.log"
       cp golden/snapshots/nvidia-h200-* "$OUT/" 2>/dev/null
       rm -rf out/gate-profile
       t0=$(date +%s)
-      timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_gate.profile -q -rfEs --durations=15 > "$OUT/t.log" 2>&1
+      timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_dev.profile -q -rfEs --durations=15 > "$OUT/t.log" 2>&1
       echo "gpu-tests rc $? wall $(( $(date +%s) - t0 )) s" >> "$OUT/t.log"
-      python3 -m dsrope_gate.profile out/gate-profile > "$OUT/gate-profile.md" 2>&1
+      python3 -m dsrope_dev.profile out/gate-profile > "$OUT/gate-profile.md" 2>&1
       (timeout 240 python3 -m nox -s sanitize > "$OUT/s.log" 2>&1; echo "sanitize rc $?" >> "$OUT/s.log") &
       (timeout 300 python3 -m tools.verify --out "$OUT/verify" > "$OUT/v.log" 2>&1; echo "verify rc $?" >> "$OUT/v.log"
        rm -f "$OUT/verify/report.json" "$OUT/verify/errors.png") &
@@ -305,14 +305,14 @@ for phase in "$@"; do
       done
       [ "$failed" = 0 ] ;;
     # issue 33: gpu-tests twice on one host, each with a fresh Triton cache: without the warm-up (recording
-    # what the tests compile), then warmed from that record (dsrope_gate.compile_cache); the list comes back
+    # what the tests compile), then warmed from that record (dsrope_dev.compile_cache); the list comes back
     cache-trial)
       for run in cold warm; do
         rm -rf out/gate-profile; t0=$(date +%s)
-        if [ $run = cold ]; then warm=0; else warm=1; python3 -m dsrope_gate.compile_cache merge out/specializations tests/triton_specializations.jsonl.gz; cp tests/triton_specializations.jsonl.gz "$OUT/"; fi
-        DSROPE_WARM=$warm TRITON_CACHE_DIR=/tmp/triton-$run timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_gate.profile -q -rfEs --durations=10 > "$OUT/$run.log" 2>&1
+        if [ $run = cold ]; then warm=0; else warm=1; python3 -m dsrope_dev.compile_cache merge out/specializations tests/triton_specializations.jsonl.gz; cp tests/triton_specializations.jsonl.gz "$OUT/"; fi
+        DSROPE_WARM=$warm TRITON_CACHE_DIR=/tmp/triton-$run timeout 400 python3 -m nox -s gpu-tests -- -p dsrope_dev.profile -q -rfEs --durations=10 > "$OUT/$run.log" 2>&1
         echo "gpu-tests ($run) rc $? wall $(( $(date +%s) - t0 )) s" | tee -a "$OUT/$run.log"
-        python3 -m dsrope_gate.profile out/gate-profile | head -30 >> "$OUT/$run.log" 2>&1
+        python3 -m dsrope_dev.profile out/gate-profile | head -30 >> "$OUT/$run.log" 2>&1
         grep -E "compile_cache|passed|failed" "$OUT/$run.log" | tail -4
       done ;;
     # Nsight Compute on one head-major QNorm backward of torch.compile's chain and one of ours

@@ -1,11 +1,12 @@
-"""The forward+backward table of `bench --backward` (dsrope_gate.peer_timing; the bench itself needs CUDA and
+"""The forward+backward table of `bench --backward` (dsrope_dev.peer_timing; the bench itself needs CUDA and
 tests never import it): which cells are not timed and why, and the markdown with its legend."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsrope_gate import peer_timing, presets
+from dsrope_dev import peer_timing
+from dsrope_gate import presets
 from dsrope_gate.inputs import ON_GPU
 from dsrope_gate.ops import PARTIAL_ROPE
 
