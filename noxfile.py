@@ -4,6 +4,7 @@ others the issues name (golden, verify, mutants, bench)."""
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -24,6 +25,8 @@ TRITONS = ["3.9.0", "3.2.0"]
 # The Triton specializations gpu-tests compiles before its workers start (dsrope_dev.compile_cache)
 SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl.gz"
 RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
+# The peers' pinned releases (src/dsrope_gate/pins.py, their one home), read without importing the gate (no torch)
+PINS = runpy.run_path(str(ROOT / "src" / "dsrope_gate" / "pins.py"))["PINS"]
 
 
 def checkout_path() -> str:
@@ -92,7 +95,7 @@ def tests(session: nox.Session, triton: str) -> None:
     install_cpu(session)
     session.install(f"triton=={triton}")
     # the peers whose pinned releases run on CPU (tests/test_presets.py; transformers is in the test extra)
-    session.install("--no-deps", "sglang==0.5.23", "nemo-automodel==0.7.0")
+    session.install("--no-deps", PINS["sglang"], PINS["nemo-automodel"])
     junit = Path(session.create_tmp()) / "junit.xml"
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", *pytest_args(session, junit, "auto"), env=env)
@@ -203,9 +206,9 @@ def conformance(session: nox.Session) -> None:
     if not has_modules(session, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
         install_cpu(session)
     if any(a.startswith("--preset") for a in session.posargs):
-        # the peers' pinned releases (dsrope_gate.presets.PINS; transformers comes with the test extra, and
-        # flash-attn's one module is fetched at first use), without their dependency trees
-        session.install("--no-deps", "veomni==0.1.12", "sglang==0.5.23", "nemo-automodel==0.7.0")
+        # the peers' pinned releases (transformers comes with the test extra, and flash-attn's and megatron-core's
+        # one module each is fetched at first use), without their dependency trees
+        session.install("--no-deps", PINS["veomni"], PINS["sglang"], PINS["nemo-automodel"])
     session.run("python", "-m", "dsrope_gate.conformance", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
