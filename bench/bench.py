@@ -58,6 +58,7 @@ from dsrope_dev import perf_targets  # noqa: E402
 from dsrope_dev.timing import (  # noqa: E402
     DECODE_CALLS,
     DECODE_SAMPLES,
+    DECODE_SHAPES,
     D,
     R,
     copy_bandwidth,
@@ -74,7 +75,6 @@ from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE  # noqa: E402
 EPS = 1e-6
 TRITON_SAMPLES = 3
 SHAPES = [(b, h, s) for b in (1, 4) for h in (64, 128) for s in (4096, 16384)]
-DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]
 
 
 def eager_qnorm_rope(x, cos, sin):

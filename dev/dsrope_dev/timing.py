@@ -19,6 +19,7 @@ from triton.testing import do_bench
 from dsrope.qnorm_rope import forward_config
 
 D, R = 512, 64
+DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # (B, H) of the decode rows, S = 1
 DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES = 200, 20, 5
 
 
@@ -44,9 +45,7 @@ def _rows_copy(x, out, rows, S, H: tl.constexpr, D: tl.constexpr, XB, XH, XS, M:
 def rows_copy(x, out):
     """x [B, H, S, D] (channels contiguous) copied into out's token-major rows by _rows_copy at the QNorm
     forward's tile for x (its M rows a program and warps): the yardstick of a prefill forward row, what a copy
-    reaches when it reads x's layout and writes token-major rows as the forward must. On an H100 (2026-12-06,
-    `tools/decode_ceiling.py --prefill`, docs/decode.md) such a copy read 0.941-0.944 of the copy bandwidth
-    at 1 x 64 x 4096 head-major at five tiles, and the forward 0.943."""
+    reaches when it reads x's layout and writes token-major rows as the forward must (docs/records/*-tuning.md)."""
     b, h, s, d = x.shape
     rows = b * h * s
     config = forward_config(x)
@@ -118,10 +117,7 @@ def inplace_copy(x):
 
 
 def settle_graph_replay() -> None:
-    """Time one throwaway graph before the first row. Measured (H100, 2026-12-05): the first graph timed
-    in a process read low, against later timings of the same kernel in the same process: the bench's first
-    row, qnorm_rope at B = 1, H = 64, 1.31 us against 1.49-1.57 us in the sweeps, and the sweeps' first
-    tile 1.30 us against 1.46-1.48 us (docs/decode.md); the H200's first copy_ 0.95 us against 1.12 us.
-    Not explained; every row is timed after it, in the same state as its copy_."""
+    """Time one throwaway graph before the first row: a process's first replayed graph reads low
+    (docs/records/*-tuning.md), so every row is timed after it, in the same state as its copy_."""
     x = torch.empty(1 << 20, device="cuda")
     replayed_call_samples(functools.partial(x.mul_, 1.0))

@@ -8,10 +8,8 @@ one implementation, raised as an AssertionError that says what failed and how to
 
 Both run the implementation through the conformance command's own door (dsrope_gate.conformance.judging),
 on a reduced case set by default: the canonical DeepSeek-V4/V3 cases of the requested dtypes and one probe per
-layout class (`examples` hypothesis-drawn cases and the golden inputs on request). Timings on this project's
-2-core CPU (Triton interpreter, 2026-12-04, a loaded machine): imports 1.7 s; the first call per op computes
-the reference, 4.3 s for qnorm_rope and 0.9 s for partial_rope (the eager chain); later calls on the same case
-set reuse it: 0.1-0.2 s for the eager chain, 1.6 s / 1.2 s for dsrope's interpreted kernels.
+layout class (`examples` hypothesis-drawn cases and the golden inputs on request). The first call per op
+computes the reference, seconds on a CPU; later calls on the same case set reuse it (docs/records/*-tuning.md).
 `python -m dsrope_gate.conformance` is the whole run (golden inputs and a hypothesis sweep too).
 """
 
@@ -148,8 +146,7 @@ def assert_conforms(
 
     Cases: the canonical DeepSeek-V4 and V3 cases of `dtypes` (default bf16, fp16, fp32), one bf16 probe per
     layout class, `examples` cases drawn by hypothesis from `seed`, and the golden inputs when `golden`.
-    Defaults on a 2-core CPU (2026-12-04): the first call per op 4.3 s (qnorm_rope) or 0.9 s (partial_rope),
-    most of it the reference, kept for later calls on the same case set (0.1-1.6 s each).
+    The first call per op is mostly the reference, kept for later calls on the same case set.
 
     `semantics`: a label or labels (`python -m dsrope_gate.conformance --help` lists them) the bits must carry
     too: a forward label is read off the forward, a backward-only label ("no-boundary-2") off the backward.
