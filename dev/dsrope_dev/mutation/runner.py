@@ -2,12 +2,12 @@
 
 For each mutant the runner copies the tree (git's tracked and untracked-not-ignored files; in a tree
 that is no git checkout, every file but what .gitignore and DEFAULT_IGNORED list) into a scratch
-directory, applies the edit there and runs the suite on that copy, with the copy's src/
-and root first on the path and every path into the real checkout (an editable install's .pth, for
+directory, applies the edit there and runs the suite on that copy, with the copy's src/, reference/,
+dev/ and root first on the path and every path into the real checkout (an editable install's .pth, for
 one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
 mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
-stages: tests/test_bounds_and_table_strides.py and the mutated file's own test module, then, only if those
-pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
+stages: tests/test_bounds_and_table_strides.py and the mutated file's own test module, then, only if
+those pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
 the whole suite passed. Broken (a collection or import error) and crashed (pytest died of a
 signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
 forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
@@ -24,8 +24,8 @@ gpu-marked tests; an equivalent mutant carries the argument why it does not chan
 is listed, and is neither run nor counted (`--equivalent` runs them, to show they survive).
 
 Exit status: 0 when every counted mutant is killed; 1 when one survived, broke or crashed,
-when the unmutated copy fails, or when an edit is stale. The table and a JSON record go to
-out/mutants/.
+when the unmutated copy fails, or when an edit is stale. The checkout mutated is the current folder
+(--root names another); the table and a JSON record go to its out/mutants/ (--report names another).
 """
 
 from __future__ import annotations
