@@ -458,12 +458,12 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
 
 def canary_check(scratch: Path, args) -> str:
     """Prove that the scratch copy's dsrope is what runs, the same way the mutants run: plant a
-    marker in the copy and import it."""
+    marker in the copy and import it; and that the copy's dsrope_dev is the one imported."""
     marker = uuid.uuid4().hex
     init = scratch / "src" / "dsrope" / "__init__.py"
     original = init.read_text()
     init.write_text(original + f"\n_MUTANTS_CANARY = {marker!r}\n")
-    probe = "import dsrope; print(dsrope.__file__); print(getattr(dsrope, '_MUTANTS_CANARY', None))"
+    probe = "import dsrope, dsrope_dev; print(dsrope_dev.__file__, dsrope.__file__, dsrope._MUTANTS_CANARY)"
     log = scratch / "canary.log"
     try:
         if args.fork:
@@ -480,10 +480,10 @@ def canary_check(scratch: Path, args) -> str:
                 )
     finally:
         init.write_text(original)
-    lines = log.read_text().split()
-    if len(lines) < 2 or lines[-1] != marker or not Path(lines[-2]).is_relative_to(scratch):
-        sys.exit(f"canary: the scratch copy's dsrope does not run: {log.read_text()[-2000:]}")
-    return lines[-2]
+    words = log.read_text().split()
+    if len(words) < 3 or words[-1] != marker or not all(Path(w).is_relative_to(scratch) for w in words[-3:-1]):
+        sys.exit(f"canary: the scratch copy's dsrope and dsrope_dev do not run: {log.read_text()[-2000:]}")
+    return words[-2]
 
 
 def run_mutant(m: Mutant) -> Result:
@@ -610,7 +610,7 @@ def main(argv=None) -> int:
 
     baseline_dir = base / "_baseline"
     copy_tree(args.root, baseline_dir, files)
-    print(f"canary: the scratch copy's dsrope runs ({canary_check(baseline_dir, args)})", flush=True)
+    print(f"canary: the scratch copy's dsrope and dsrope_dev run ({canary_check(baseline_dir, args)})", flush=True)
     if not args.no_baseline:
         # the unmutated copy as the gate runs it: a fresh interpreter, every job slot an xdist worker
         workers = 0 if args.gpu else args.jobs
