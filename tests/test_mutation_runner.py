@@ -109,3 +109,12 @@ def test_a_partial_run_selects_modules_by_name_or_path_and_refuses_a_miss():
     ]
     with pytest.raises(SystemExit, match="no test module matches test_nothing"):
         selected_tests(files, "test_nothing")
+
+
+def test_home_first_and_last_name_files_that_exist():
+    """Every source file of the HOME table exists and its test modules too, as do the FIRST and LAST modules:
+    a renamed test module would otherwise drop out of its mutants' first stage without a word."""
+    modules = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert all((ROOT / source).is_file() for source in runner.HOME)
+    assert {name for homes in runner.HOME.values() for name in homes} <= modules
+    assert all(any(m.startswith(prefix) for m in modules) for prefix in runner.FIRST + runner.LAST)
