@@ -92,9 +92,7 @@ HOSTILE = textwrap.dedent(
 
 
     def in_place(x, cos, sin, rotary):
-        with torch.no_grad():
-            x.copy_(eager_partial_rope(x, cos, sin, rotary))
-        return x
+        return x.copy_(eager_partial_rope(x.clone(), cos, sin, rotary))
     """
 )
 

@@ -180,9 +180,10 @@ def _backward(op, fn, case, inputs: Inputs, in_place: bool, device, result: Call
 
         with numpy.errstate(all="ignore"), torch.enable_grad():
             x = copies.x.copy_(leaf) if in_place else leaf
+            copied = x.grad_fn
             y = op.call(fn, case, x, copies)
-            if in_place:
-                y = x
+            if in_place:  # its output is x; unless its own op is on x's history, it has no backward
+                y = x if x.grad_fn is not copied else None
             if isinstance(y, torch.Tensor) and y.grad_fn is not None:
                 result.has_backward = True
                 (dx,) = torch.autograd.grad(y, leaf, copies.grad) if leaf.numel() else (torch.empty_like(leaf),)
