@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from dsrope_dev.bits import main as bits_main
 from dsrope_dev.bits import reproduction
-
+from dsrope_dev.mutation.runner import catalog, mutated_text
 from dsrope_gate import golden, snapshots
-from dsrope_gate.mutation.runner import catalog, mutated_text
 
 ROOT = Path(__file__).resolve().parents[1]
 # moves dx's bits on the interpreter in these cases (and in 8 more of the 24); the suite kills it elsewhere
@@ -146,7 +146,7 @@ def test_a_bit_moving_mutant_is_caught_and_its_cases_listed(clone):
         ["--baseline", "no-such-ref"],
         ["--baseline", "HEAD", "--cases", "no-such-case"],
         ["--baseline-src", "no-such-folder"],
-        ["--baseline", "HEAD", "--baseline-src", "src"],
+        ["--baseline-src", "README.md"],
         ["--no-such-option"],
         ["--record", "--cases", "nan-fp16"],
     ],
@@ -207,8 +207,9 @@ def test_compare_case_counts_changes_and_rejects_elements_outside_the_model():
     """Against the stored reference of nan-fp16's QNorm output as the baseline: three elements moved, one to
     its model's upper bound (inside), one a step past it and one to NaN (both outside); a NaN payload alone is
     a change inside the model, and an unchanged output is no change."""
-    from dsrope_dev.bits import compare_case
     from dsrope_reference.floats import from_ordered, ordered
+
+    from dsrope_dev.bits import compare_case
 
     record, tensors = golden.load_case(golden.GOLDEN, golden.read_manifest(), "nan-fp16")
     stage = "qnorm_rope.out"

@@ -20,10 +20,10 @@ from functools import cache
 
 import pytest
 import torch
-from dsrope_dev.bits import no_snapshot_line
 from dsrope_reference.floats import judge
 
 from dsrope.interpreter import interpreting
+from dsrope_dev.bits import no_snapshot_line
 from dsrope_gate import golden, snapshots
 
 NAMES = [c.name for c in golden.CASES]

@@ -8,9 +8,10 @@
 The check. REF's kernels come from git, without network and without a worktree: `git archive REF src/dsrope`
 into a temporary folder (REF by default: the merge base of HEAD and main, which on main is HEAD itself, so the
 working tree is compared with its last commit). `--baseline-src DIR` takes an extracted src/dsrope instead,
-for a copy of the tree that has no git history (a device). Two child processes run REF's `dsrope` and this
-tree's (the working tree, uncommitted changes included) on the golden inputs in their stored layouts (every
-case of the golden store, or those `--cases` names), each with this tree's gate, reference and golden store:
+for a copy of the tree that has no git history (a device; a `--baseline REF` beside it only names them). Two
+child processes run REF's `dsrope` and this tree's (the working tree, uncommitted changes included) on the
+golden inputs in their stored layouts (every case of the golden store, or those `--cases` names), each with
+this tree's gate, reference and golden store:
 only the `dsrope` package differs, first on the child's path. With CUDA the kernels are compiled; without, they
 run in Triton's interpreter (TRITON_INTERPRET=1, CUDA hidden). Per case: bit-identical, or changed: per output,
 the elements whose bits differ, the largest difference in ulp (dsrope_reference.floats.ulp_distance), whether
@@ -372,12 +373,14 @@ def select_cases(manifest: dict, wanted: list[str] | None) -> list[str]:
 
 
 def check(args) -> int:
-    if args.baseline_src is not None:
+    if args.baseline_src is not None:  # with --baseline REF: REF names them (no git needed)
         baseline_dir = package(args.baseline_src, f"--baseline-src {args.baseline_src}")
         label = f"the kernels in {args.baseline_src}"
         named = args.baseline_src / "COMMIT"  # the commit they are, where whoever extracted them wrote it
         if named.is_file():
             label += f" (commit {named.read_text().strip()[:12]})"
+        if args.baseline:
+            label = f"{args.baseline} ({label})"
     elif not is_checkout():
         raise Usage(
             f"{ROOT} is not a git checkout: give the baseline's kernels as a folder with --baseline-src DIR "
@@ -542,7 +545,8 @@ def parser() -> argparse.ArgumentParser:
     add("--baseline", metavar="REF", help="the git revision whose kernels are the baseline (default: the merge base "
         "of HEAD and main)")  # fmt: skip
     add("--baseline-src", type=Path, metavar="DIR", help="the baseline's kernels as a folder, where git history is "
-        "not at hand: an extracted src/dsrope (or a folder holding dsrope/ or src/dsrope/)")  # fmt: skip
+        "not at hand: an extracted src/dsrope (or a folder holding dsrope/ or src/dsrope/); with --baseline REF, "
+        "REF only names them")  # fmt: skip
     add("--cases", nargs="+", metavar="NAME", help="the golden cases to run (names or patterns, space- or "
         "comma-separated; default: every case)")  # fmt: skip
     add("--record", action="store_true", help="record this platform's committed snapshot from this tree's kernels "
@@ -567,7 +571,7 @@ def main(argv=None) -> int:
         if args.run_kernels:
             return run_kernels_child(args.run_kernels, args.expect, args.cases)
         modes = [args.record, args.snapshot_status, bool(args.baseline or args.baseline_src)]
-        if sum(modes) > 1 or (args.baseline and args.baseline_src is not None):
+        if sum(modes) > 1:
             raise Usage("--record, --snapshot-status and --baseline/--baseline-src exclude each other")
         if (args.commit or args.note) and not args.record:
             raise Usage("--commit and --note go with --record")

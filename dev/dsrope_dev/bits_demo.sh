@@ -64,9 +64,9 @@ EOF
 
 # mutant NAME: a kernel mutant of the catalog, applied to the copy
 mutant() {
-  PYTHONPATH="$ROOT/src:$ROOT/reference" "$PY" - "$TREE" "$1" <<'EOF'
+  PYTHONPATH="$ROOT/src:$ROOT/reference:$ROOT/dev" "$PY" - "$TREE" "$1" <<'EOF'
 import pathlib, sys
-from dsrope_gate.mutation.runner import catalog, mutated_text
+from dsrope_dev.mutation.runner import catalog, mutated_text
 m = next(m for m in catalog() if m.name == sys.argv[2])
 path = pathlib.Path(sys.argv[1]) / m.file
 path.write_text(mutated_text(m, path.read_text()))
