@@ -377,10 +377,10 @@ def check(args) -> int:
         baseline_dir = package(args.baseline_src, f"--baseline-src {args.baseline_src}")
         label = f"the kernels in {args.baseline_src}"
         named = args.baseline_src / "COMMIT"  # the commit they are, where whoever extracted them wrote it
-        if named.is_file():
-            label += f" (commit {named.read_text().strip()[:12]})"
         if args.baseline:
             label = f"{args.baseline} ({label})"
+        elif named.is_file():
+            label += f" (commit {named.read_text().strip()[:12]})"
     elif not is_checkout():
         raise Usage(
             f"{ROOT} is not a git checkout: give the baseline's kernels as a folder with --baseline-src DIR "
