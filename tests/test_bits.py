@@ -4,7 +4,8 @@ A temporary clone of this checkout (`git clone --local --no-hardlinks`) with the
 committed on top is the tree under test; there, with no network:
 - a commit that only adds a comment to a kernel file: exit 0, every case bit-identical (the default
   baseline, the merge base with main);
-- another rows-per-program tile (uncommitted): exit 0;
+- another rows-per-program tile (uncommitted), against main's kernels extracted beforehand (--baseline-src,
+  as on a host without the history): exit 0;
 - a kernel mutant from the mutation catalog that moves bits on the interpreter (uncommitted): exit 1, the
   changed cases listed with their changed elements, ulp and error-model verdict and a reproduction;
 - an unknown REF, case or option: exit 2; a REF without src/dsrope: exit 3;
@@ -110,17 +111,22 @@ def test_a_comment_commit_is_bit_identical_to_the_merge_base(clone):
 
 
 @pytest.mark.long
-def test_a_tile_that_moves_no_bits_passes(clone):
-    """Another rows-per-program choice for every interpreted launch (uncommitted): the same bits."""
+def test_a_tile_that_moves_no_bits_passes(clone, tmp_path):
+    """Another rows-per-program choice for every interpreted launch (uncommitted): the same bits, against main's
+    kernels extracted beforehand, as on a host without the git history (--baseline-src)."""
     reset(clone)
+    archive = subprocess.run(
+        ["git", "-C", str(clone), "archive", "main", "src/dsrope"], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=archive.stdout, check=True)
     edit(
         clone / "src" / "dsrope" / "tiles.py",
         "M=max(1, min(64, (1 << 16) // block))",
         "M=max(1, min(4, (1 << 16) // block))",
     )
-    run = bits(clone, "--baseline", "main", "--cases", ",".join(CASES))
+    run = bits(clone, "--baseline", "main", "--baseline-src", str(tmp_path), "--cases", ",".join(CASES))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "no change" in run.stdout
+    assert f"against main (the kernels in {tmp_path})" in run.stdout and "no change" in run.stdout, run.stdout
 
 
 @pytest.mark.long
