@@ -9,7 +9,9 @@ committed on top is the tree under test; there, with no network:
 - a kernel mutant from the mutation catalog that moves bits on the interpreter (uncommitted): exit 1, the
   changed cases listed with their changed elements, ulp and error-model verdict and a reproduction;
 - an unknown REF, case or option: exit 2; a REF without src/dsrope: exit 3;
-- `--record` writes the platform's snapshot and appends a record naming the cases the mutant changed.
+- `--record` writes the platform's snapshot and appends a record naming the cases the mutant changed;
+- the comparison counts a NaN payload as a change and rejects elements past the model, and the reproduction
+  it prints computes the element it names.
 The clone's child processes run the interpreter whatever the host (CUDA hidden), on three small golden cases
 (the whole set is the check's default; its time on CPU is in docs/regression-gate.md).
 """
