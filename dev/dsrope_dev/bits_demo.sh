@@ -11,13 +11,23 @@
 #   bash dev/dsrope_dev/bits_demo.sh record [TEXT]   on the device: record its snapshot from this tree's kernels
 #                                                    (--commit TEXT names the commit), copied into $OUT
 #
-# The edited trees are copies (/tmp/bits-demo-tree: src, reference, dev, golden), never this checkout.
+# The edited trees are copies (/tmp/bits-demo-tree: src, reference, dev, golden), never this checkout. The
+# test dependencies a device lacks (safetensors, ml_dtypes, mpmath, ...) come from the wheels in the ignored
+# .whl/ folder when it is carried, installed without network into /tmp/site (as tools/gpu_run.sh does).
 set -u
 PY=${PYTHON:-python3}
 ROOT=$(pwd)
 BASE=.device/bits-baseline
 TREE=/tmp/bits-demo-tree
 LOGS=/tmp/bits-demo-logs
+SITE=
+
+wheels() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      && SITE=/tmp/site
+  fi
+}
 
 prepare() {
   local ref=${1:-HEAD}
@@ -30,7 +40,7 @@ prepare() {
 # bits DIR ARGS...: the check's command run from the checkout (or copy) in DIR, with DIR's packages
 bits() {
   local dir=$1; shift
-  (cd "$dir" && PYTHONPATH="$dir/src:$dir/reference:$dir/dev" timeout 400 "$PY" -m dsrope_dev.bits "$@")
+  (cd "$dir" && PYTHONPATH="$dir/src:$dir/reference:$dir/dev${SITE:+:$SITE}" timeout 400 "$PY" -m dsrope_dev.bits "$@")
 }
 
 # step NAME EXPECTED DIR ARGS...: `bits DIR ARGS...`, logged, with what it gave
@@ -64,7 +74,7 @@ EOF
 
 # mutant NAME: a kernel mutant of the catalog, applied to the copy
 mutant() {
-  PYTHONPATH="$ROOT/src:$ROOT/reference:$ROOT/dev" "$PY" - "$TREE" "$1" <<'EOF'
+  PYTHONPATH="$ROOT/src:$ROOT/reference:$ROOT/dev${SITE:+:$SITE}" "$PY" - "$TREE" "$1" <<'EOF'
 import pathlib, sys
 from dsrope_dev.mutation.runner import catalog, mutated_text
 m = next(m for m in catalog() if m.name == sys.argv[2])
@@ -77,6 +87,7 @@ EOF
 device() {
   [ -d "$BASE/src/dsrope" ] || { echo "no $BASE/src/dsrope: run 'bash $0 prepare' where the history is and carry it"; exit 3; }
   mkdir -p "$LOGS"
+  wheels
   echo "baseline: $BASE/src/dsrope, commit $(cat "$BASE/COMMIT" 2>/dev/null || echo unknown)"
   "$PY" -c "import torch, triton; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA: \
 the interpreter', 'torch', torch.__version__, 'triton', triton.__version__)"
@@ -120,6 +131,7 @@ the interpreter', 'torch', torch.__version__, 'triton', triton.__version__)"
 
 record() {
   local mark rc
+  wheels
   mark=$(mktemp)
   if [ -n "${1:-}" ]; then
     bits "$ROOT" --record --commit "$1"
