@@ -235,3 +235,48 @@ def test_groups_count_the_moved_elements_by_kind_dtype_magnitude_and_ulp(tmp_pat
     assert forward["max_ulp"] == 20 and forward["diagnosis"] is None
     assert results[0]["backward"]["where"] == [] and results[0]["backward"]["ulp_histogram"] == {}
     assert PARTIAL_ROPE.diagnoses == {}
+
+
+def test_decades_of_row_rms_below_one_included():
+    assert [violations.decade(v) for v in (0.5, 0.05, 0.1, 1.0, 9.99, 10.0, 5e-30, 3e17)] == [
+        "[1e-1, 1e0)",
+        "[1e-2, 1e-1)",
+        "[1e-1, 1e0)",
+        "[1e0, 1e1)",
+        "[1e0, 1e1)",
+        "[1e1, 1e2)",
+        "[1e-30, 1e-29)",
+        "[1e17, 1e18)",
+    ]
+    assert violations.decade(0.0) == "0"
+    assert violations.decade(math.inf) == violations.decade(math.nan) == "non-finite"
+
+
+def moves_every_leading_channel(x, cos, sin, rotary):
+    out = eager_partial_rope(x, cos, sin, rotary)
+    lead = torch.arange(x.shape[-1]) < x.shape[-1] - rotary
+    return torch.where(lead, torch.nextafter(out, torch.full_like(out, math.inf)), out)
+
+
+def test_groups_hold_rows_of_every_magnitude_below_one_included():
+    """Rows of rms 2^-20 .. 2^20 (decades 1e-7 .. 1e6) in one case: each decade's group counts its rows'
+    elements (D a row) and the moved leading channels (D - R a row) of those rows only."""
+    exponents = [-20.0, -10.0, -4.0, -1.0, 0.0, 3.0, 10.0, 20.0]
+    x = rows_of_rms(exponents, torch.float32, d=96)
+    cos, sin = tables(1, 1, 32, seed=3, device="cpu")
+    grad = torch.ones_like(x)
+    case = Case("magnitudes", tuple(x.shape), 32, "float32", Drawn(Values("normal", 0), Tables("angles", 0),
+                Values("normal", 0)))  # fmt: skip
+    p = prepare(PARTIAL_ROPE, case, Inputs(x, cos, sin, grad))
+    from dsrope_gate.conformance.calling import call
+
+    caller = lambda c, inputs: call(PARTIAL_ROPE, moves_every_leading_channel, c, inputs)
+    result, _ = run_impl("moves", caller, PARTIAL_ROPE, [p], "cpu", lambda m: None)
+    groups = {g["x_row_rms"]: (g["outside"], g["elements"]) for g in result["forward"]["where"]}
+    expected: dict[str, tuple] = {}
+    for e in exponents:
+        key = violations.decade(2.0**e)
+        outside, elements = expected.get(key, (0, 0))
+        expected[key] = (outside + 96 - 32, elements + 96)
+    assert groups == expected, (groups, expected)
+    assert "[1e-7, 1e-6)" in groups and "[1e-2, 1e-1)" in groups and "[1e-1, 1e0)" in groups
