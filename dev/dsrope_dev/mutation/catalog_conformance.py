@@ -479,4 +479,24 @@ MUTANTS = [
             "    grad_layout = draw(layouts(shape) | token_major_views())",
         ),
     ),
+    mutant(
+        "conformance.accepted_ignored",
+        JUDGING,
+        "verdict",
+        "elements an accepted diagnosis explains still fail the verdict",
+        (
+            '    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:\n',
+            '    if record["outside_model"] or wrong or record["writes"]:\n',
+        ),
+    ),
+    mutant(
+        "conformance.accept_without_a_diagnosis",
+        JUDGING,
+        "run_impl",
+        "a direction is accepted when the user accepts anything, whether or not a diagnosis explains it",
+        (
+            'record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if named in accept else None',
+            'record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if accept else None',
+        ),
+    ),
 ]

@@ -111,9 +111,10 @@ def in_process_caller(target: Target, op: Op, device: str):
     return lambda case, inputs: call(op, fn, case, inputs, target.in_place, device)
 
 
-def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: float, progress, each_case=None):
+def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: float, progress, each_case=None,
+                 accept=()):  # fmt: skip
     """(result, outputs) of one target on the prepared cases: in a child process of its own when `isolate`.
-    A target that cannot be loaded raises isolation.LoadError (a usage error)."""
+    A target that cannot be loaded raises isolation.LoadError (a usage error). `accept`: diagnoses accepted."""
     from dsrope_gate.conformance.isolation import Child, LoadError
     from dsrope_gate.conformance.judging import run_impl
 
@@ -130,11 +131,11 @@ def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: 
             from dsrope_gate.conformance.calling import error_line
 
             raise LoadError(error_line(e)) from e
-        result, outputs = run_impl(target.name, caller, op, cases, device, progress, each_case)
+        result, outputs = run_impl(target.name, caller, op, cases, device, progress, each_case, accept)
         return result | {"device_name": device_name(device)}, outputs
     child = Child(target, op.name, device, timeout)
     try:
-        result, outputs = run_impl(target.name, child.call, op, cases, device, progress, each_case)
+        result, outputs = run_impl(target.name, child.call, op, cases, device, progress, each_case, accept)
     finally:
         child.stop()
     return result | {"device_name": child.device_name}, outputs
@@ -175,12 +176,13 @@ def run_meta(results, cases, examples, seed, note, isolate) -> dict:
 
 
 def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, each_case=None,
-              isolate=False, timeout=TIMEOUT, dtypes=None):  # fmt: skip
+              isolate=False, timeout=TIMEOUT, dtypes=None, accept=()):  # fmt: skip
     """Judge each implementation (a Target, or a (name, callable) pair) on `op` (an Op or its name), every one
     on the same cases (the default set). Returns (results as in the JSON, each implementation's outputs per
     case in the same order, the prepared cases, meta). `isolate`: each implementation in a spawned child of its
     own with `timeout` seconds per call (the reference stays here). `progress` gets a line per stage and per
-    implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these."""
+    implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these.
+    `accept`: the names of diagnoses accepted knowingly (dsrope_gate.diagnoses)."""
     op = op_named(op)
     # judged in children, the inputs stay on the CPU here: this process never touches CUDA
     cases, note = collect_cases(
@@ -188,7 +190,7 @@ def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=No
     )
     results, outputs = [], []
     for impl in impls:
-        result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case)
+        result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case, accept)
         results.append(result)
         outputs.append(out)
     return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate)
