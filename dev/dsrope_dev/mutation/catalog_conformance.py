@@ -495,8 +495,8 @@ MUTANTS = [
         "run_impl",
         "a direction is accepted when the user accepts anything, whether or not a diagnosis explains it",
         (
-            'record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if named in accept else None',
-            'record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if accept else None',
+            '["outside_model"]} if named in accept else None',
+            '["outside_model"]} if accept else None',
         ),
     ),
 ]
