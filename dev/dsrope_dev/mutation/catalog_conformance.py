@@ -28,8 +28,8 @@ MUTANTS = [
         "verdict",
         "a case that returned a wrong shape or dtype does not count against the verdict",
         (
-            '    if record["outside_model"] or wrong or record["writes"]:\n',
-            '    if record["outside_model"] or record["writes"]:\n',
+            '    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:\n',
+            '    if (record["outside_model"] and not record.get("accepted")) or record["writes"]:\n',
         ),
     ),
     mutant(
