@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -225,7 +225,7 @@ def _forward(x, cos, sin, rotary, eps):
     config = forward_config(x)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config, **UNFUSED,
     )  # fmt: skip
     return out, rstd
 
@@ -239,7 +239,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     config = tile_config(dim, 1024, warps=2)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
+        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config, **UNFUSED,
     )  # fmt: skip
     return out
 
