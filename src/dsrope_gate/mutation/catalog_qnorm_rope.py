@@ -539,4 +539,20 @@ MUTANTS = [
         (BACKWARD, "row = tl.program_id(0).to(tl.int64) * M", "row = tl.program_id(0) * M"),
         gpu_only=True,
     ),
+    # the rotation's roundings on the GPU: every launch passes UNFUSED (no multiply-add contraction)
+    mutant(
+        "qnorm.forward_fused_rotation",
+        QNORM,
+        "_forward",
+        "the forward's launch without enable_fp_fusion=False: the compiler fuses the rotation's products (and the "
+        "row sum's squares) into the adds",
+        ("RBLOCK=next_pow2(rotary), **config, **UNFUSED,", "RBLOCK=next_pow2(rotary), **config,"),
+    ),
+    mutant(
+        "qnorm.backward_fused_rotation",
+        QNORM,
+        "_backward",
+        "the backward's launch without enable_fp_fusion=False: the de-rotation's products fused into the adds",
+        ("*sin.stride(), **config, **UNFUSED,", "*sin.stride(), **config,"),
+    ),
 ]

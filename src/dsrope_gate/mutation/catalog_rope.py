@@ -586,4 +586,21 @@ MUTANTS = [
         "in place: head blocks counted rounding down: with H not a multiple of GROUP the last heads are not rotated",
         ("head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP", "head_blocks: tl.constexpr = HEADS // GROUP"),
     ),
+    # the rotation's roundings on the GPU: every launch passes UNFUSED (no multiply-add contraction)
+    mutant(
+        "rope.fused_rotation",
+        ROPE,
+        "_launch",
+        "the out-of-place launch (both forms, forward and backward) without enable_fp_fusion=False: the compiler "
+        "fuses a product of each lane into its add (the GPU's bits move off the eager chain's; the interpreter's "
+        "do not)",
+        ("INVERSE=inverse, **config, **UNFUSED,", "INVERSE=inverse, **config,"),
+    ),
+    mutant(
+        "rope.inplace_fused_rotation",
+        ROPE,
+        "_launch_inplace",
+        "the in-place launch without enable_fp_fusion=False: its rotation's products fused into the adds",
+        ("*cos.stride(), *sin.stride(), **config, **UNFUSED,", "*cos.stride(), *sin.stride(), **config,"),
+    ),
 ]
