@@ -59,6 +59,9 @@ for phase in "$@"; do
     # issue 17: the custom-op tests alone, the decode rows alone, host time per layer of a call
     ops) timeout 300 python3 -m nox -s gpu-tests -- -q -rfEs --durations=10 tests/test_custom_ops.py ;;
     bench-decode) timeout 300 python3 -m nox -s bench -- --decode --out "$OUT/bench-decode" ;;
+    # the rotation without fused multiply-adds: its GPU tests, the bench before and after (tools/gpu_fma.sh; run
+    # `bash tools/gpu_fma.sh prepare` in the checkout first and carry .device/before)
+    fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
     overhead) timeout 120 python3 -m bench.overhead ;;
     # issues 25-27: the peers' pinned releases carried in .whl/peers (python -m dsrope_gate.presets fetch),
     # the conformance command on CUDA over every preset, and the in-place and peers' rows of the bench
