@@ -1,6 +1,6 @@
 """Triton helpers of the interleaved pair rotation, shared by the kernels: the rotation of one lane
-(rotate_lane), a pair's partner from registers (swap_pairs) and a pair's table entry given to both of
-its lanes (pair_table). Lanes (2i, 2i+1) of a tile hold one pair."""
+(rotate_lane), an exact negation (negated), a pair's partner from registers (swap_pairs) and a pair's table
+entry given to both of its lanes (pair_table). Lanes (2i, 2i+1) of a tile hold one pair."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def rotate_lane(own, cos, signed_partner_times_sin):
     product per lane, a choice it made per specialization). The interpreter computes the same roundings.
     """
     return own * cos + signed_partner_times_sin
+
+
+@triton.jit
+def negated(x):
+    """-x for FP32 x, its sign bit flipped whatever x is (torch's negation, Triton 3.9's). Triton's unary minus
+    is 0 - x before 3.9 (the device's 3.6, 3.2's interpreter), which keeps +0 positive: a rotated lane whose two
+    products are zeros would store a zero of the other sign than the eager chain's a*c - b*s. x * -1.0 would keep
+    a NaN's sign where the interpreter's negation flips it."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

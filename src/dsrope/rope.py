@@ -21,7 +21,7 @@ import triton.language as tl
 
 from dsrope.checks import check_rotary, check_table, check_writable, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import UNFUSED, pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, negated, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -66,9 +66,9 @@ def _rotate(
     cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
     sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     result = tl.where(rot, rotated.to(out.dtype.element_ty), value)
     tl.store(out_row + channel, result, mask=valid)
 
@@ -117,9 +117,9 @@ def _rotate_split(
     second = (j & 1) == 1  # second channel of its pair
     partner = swap_pairs(own, M, RBLOCK)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)
 
 
@@ -203,7 +203,7 @@ def _rotate_inplace(
     cs = pair_table(cos, s * CS + b * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
     sn = pair_table(sin, s * SS + b * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(x_row + channel * XD, rotated.to(x.dtype.element_ty), mask=rot)
 
 

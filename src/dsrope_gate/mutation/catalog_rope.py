@@ -86,14 +86,14 @@ MUTANTS = [
         ROPE,
         "_rotate",
         "the partner's sign on the wrong lane: a*c + b*s, b*c - a*s",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.one_sign_slip",
         ROPE,
         "_rotate",
         "first output of a pair a*c + b*s (sign slip in one formula)",
-        ("tl.where(second, partner, -partner)", "tl.where(second, partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, partner, partner)"),
     ),
     mutant(
         "rope.partner_next_channel",
@@ -316,14 +316,14 @@ MUTANTS = [
         ROPE,
         "_rotate_split",
         "split: the partner's sign on the wrong lane: a*c + b*s, b*c - a*s",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.split_inverse_ignored",
         ROPE,
         "_rotate_split",
         "split: INVERSE ignored: the backward of a decode-sized launch applies the forward rotation",
-        ("    if INVERSE:\n        sn = -sn\n", ""),
+        ("    if INVERSE:\n        sn = negated(sn)\n", ""),
     ),
     mutant(
         "rope.split_partner_next_channel",
@@ -524,7 +524,7 @@ MUTANTS = [
         ROPE,
         "_rotate_inplace",
         "in place: the partner's sign on the other lane (rotation by the conjugate angle)",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.inplace_table_batch_stride_ignored",
