@@ -84,6 +84,17 @@ for phase in "$@"; do
       timeout 500 python3 -m dsrope_gate.conformance --parity --preset all --device cuda --examples 12 \
         --json "$OUT/parity.json" --out "$OUT/parity" > "$OUT/parity.log" 2>&1; echo "parity rc $?"
       tail -5 "$OUT/parity.log" ;;
+    # vLLM's DeepSeek-V4 presets on CUDA (its kept files carried in .whl/peers/vllm-0.33.0), then transformers
+    # 5.17.0 and 5.23.0 (its wheel carried in .whl/peers/transformers-5.23.0, installed there at first use),
+    # each in its own process, on the same inputs: the bits an upgrade moves on a GPU (tools/release_bits.py)
+    releases)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 240 python3 -m dsrope_gate.conformance --preset vllm --device cuda --examples 12 \
+        --json "$OUT/vllm.json" --out "$OUT/vllm" > "$OUT/vllm.log" 2>&1; echo "conformance vllm rc $?"
+      tail -8 "$OUT/vllm.log"; rm -f "$OUT/vllm.log"
+      timeout 240 python3 -m tools.release_bits transformers@5.17.0 transformers@5.23.0 --device cuda \
+        --json "$OUT/release_bits.json"; echo "release_bits rc $?" ;;
     # issue 27: the in-place kernel's rows per program and warps (prefill and decode under graph replay; the
     # earlier kernel from sweep_baseline/ if present), then the in-place bench rows beside flash-attn's and sglang's
     inplace-sweep)
