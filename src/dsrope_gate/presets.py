@@ -824,9 +824,12 @@ def _cos_sin_cache(cos, sin):
 
 
 def vllm_preset():
-    """Two Triton kernels of vLLM's DeepSeek-V4, each called through its own launch function on a
-    token-major copy of x as their [T, H, D] (T = B*S tokens), with our tables as their cos_sin_cache
-    (_cos_sin_cache: token t reads row t, positions = arange(T)):
+    """Two Triton kernels of vLLM's DeepSeek-V4, loaded from the release's wheel (_vllm_modules: the
+    q-norm module's import of vllm.triton_utils for tl and triton is given triton itself; its call-time
+    import of the FP8 kv-cache insert and the inverse rope's imports of vLLM's runtime get the stand-ins
+    _vllm_stand_ins lists), each called through its own launch function on a token-major copy of x as
+    their [T, H, D] (T = B*S tokens), with our tables as their cos_sin_cache (_cos_sin_cache: token t
+    reads row t, positions = arange(T)):
 
     xpu_qnorm_rope_kv_fp8_insert(q, kv, swa_kv_cache, slot_mapping, positions, cos_sin_cache, eps,
     block_size) normalizes each head of q in place (no weight) and rotates its last 64 channels as
@@ -994,7 +997,9 @@ def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
     """The implementations of each named preset (`NAME`, `NAME@VERSION` or 'all': every NAME) for `ops`
     (op names; None: every op); a preset that cannot load is skipped with its reason. A release pinned
     beside the installed one (transformers@5.23.0) is put first on sys.path before its package is
-    imported; in a process that has imported another release of that package, VersionConflict."""
+    imported; in a process that has imported another release of that package, VersionConflict. Presets
+    loaded after it in the same process that import its package get that release too: a release pinned
+    beside the installed one is loaded alone, in a process of its own."""
     return [impl for impl in _each_preset(PRESETS, names, progress) if ops is None or impl.op.name in ops]
 
 
