@@ -2,7 +2,8 @@
 inputs, each in a spawned process of its own (two releases of a package cannot share one), and their
 outputs compared bit for bit: the share of elements with equal bits and the largest ulp distance
 (dsrope_reference.floats.ulp_distance) of every implementation both give, on CPU (or --device cuda: the
-q path's kernels compiled, the tables built on the GPU).
+q path's kernels compiled, the tables built on the GPU). Use it when a peer's new release is pinned beside
+the old one (dsrope_gate.pins), to record in docs/records/ whether its bits moved.
 
     python -m tools.release_bits transformers@5.17.0 transformers@5.23.0 [--device cpu|cuda] [--json PATH]
 

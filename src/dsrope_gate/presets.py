@@ -40,18 +40,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE, Op
+from dsrope_gate.pins import PINS, release, version
 from dsrope_gate.targets import load_module
 
-PINS = {
-    "transformers": "transformers==5.17.0",
-    "transformers@5.23.0": "transformers==5.23.0",  # side by side: its own folder, CACHE/transformers-5.23.0
-    "veomni": "veomni==0.1.12",
-    "sglang": "sglang==0.5.23",
-    "nemo-automodel": "nemo-automodel==0.7.0",
-    "flash-attn": "flash-attn==2.8.3",
-    "megatron-core": "megatron-core==0.19.2",
-    "vllm": "vllm==0.33.0",
-}
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
 # DeepSeek-V4's max_position_embeddings (transformers' DeepseekV4Config default, the released checkpoints'
 # value), in the configs the table builders are given: vLLM's main layers take their YaRN correction range
@@ -111,12 +102,12 @@ def releases(preset: str) -> list[str]:
     (PINS["NAME@VERSION"]); none for a preset without a pin."""
     if preset not in PINS:
         return []
-    return [PINS[preset].split("==")[1]] + [key.partition("@")[2] for key in PINS if key.startswith(f"{preset}@")]
+    return [version(preset)] + [key.partition("@")[2] for key in PINS if key.startswith(f"{preset}@")]
 
 
-def _require(name: str, version: str | None = None) -> None:
-    """The distribution `name` found first on sys.path is the pinned release (or `version`, pinned beside it)."""
-    pin = PINS[f"{name}@{version}"] if version and version != releases(name)[0] else PINS[name]
+def _require(name: str, at: str | None = None) -> None:
+    """The distribution `name` found first on sys.path is the pinned release (or release `at`, pinned beside it)."""
+    pin = PINS[f"{name}@{at}"] if at and at != version(name) else PINS[name]
     try:
         found = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -125,27 +116,27 @@ def _require(name: str, version: str | None = None) -> None:
         raise Missing(f"{name} {found} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
 
 
-def _release_folder(package: str, version: str) -> Path:
+def _release_folder(package: str, at: str) -> Path:
     """CACHE/PACKAGE-VERSION: the release installed alone (no dependencies) into its own folder, from the
     wheel `fetch` carried there for an offline host, else from the package index, at first use."""
-    folder = CACHE / f"{package}-{version}"
-    pin = PINS[f"{package}@{version}"]
+    folder = CACHE / f"{package}-{at}"
+    pin = PINS[f"{package}@{at}"]
     if not (folder / package).is_dir():
         wheels = sorted(folder.glob("*.whl"))
         source = ["--no-index", str(wheels[-1])] if wheels else [pin]
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(folder)]
         subprocess.run(cmd + source, capture_output=True)
     if not (folder / package).is_dir():
-        raise Missing(f"{package} {version} is not in {folder}: `pip install --no-deps --target {folder} {pin}`")
+        raise Missing(f"{package} {at} is not in {folder}: `pip install --no-deps --target {folder} {pin}`")
     return folder
 
 
-def use_release(package: str, version: str | None = None) -> None:
-    """Make `import PACKAGE` give `version` in this process (None: the pinned release, installed as usual).
+def use_release(package: str, at: str | None = None) -> None:
+    """Make `import PACKAGE` give release `at` in this process (None: the pinned one, installed as usual).
     A release pinned beside it (PINS["PACKAGE@VERSION"]) has its own folder (_release_folder), put first
     on sys.path and imported at once. Raises VersionConflict when another release of the package is
     already imported in this process: each release is judged in a process of its own."""
-    wanted = version or releases(package)[0]
+    wanted = at or version(package)
     imported = sys.modules.get(package)
     if imported is not None:
         found = getattr(imported, "__version__", None)
@@ -156,7 +147,7 @@ def use_release(package: str, version: str | None = None) -> None:
                 f"load {package}@{wanted} in a fresh one"
             )
         return
-    if wanted == releases(package)[0]:
+    if wanted == version(package):
         return
     folder = str(_release_folder(package, wanted))
     if folder not in sys.path:
@@ -224,13 +215,13 @@ def eager_chain_preset():
 # --- transformers: models/deepseek_v4 (eager) --------------------------------------------------------------
 
 
-def transformers_preset(version: str | None = None):
+def transformers_preset(at: str | None = None):
     """apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1) takes R/2-entry tables [B, S, R/2] and rotates the
     trailing 2 * (R/2) channels (pairs 2k, 2k+1 by repeat_interleave and their rotate_half) in FP32;
     DeepseekV4UnweightedRMSNorm(eps) is their Q norm. Our FP32 tables' pair entries are passed as they are.
-    `version`: a release pinned beside the installed one (transformers@VERSION), made importable first
+    `at`: a release pinned beside the installed one (transformers@VERSION), made importable first
     (use_release)."""
-    _require("transformers", version)
+    _require("transformers", at)
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
     def rotate(x, cos, sin, rotary):
@@ -249,7 +240,7 @@ def transformers_preset(version: str | None = None):
     ]  # fmt: skip
 
 
-def transformers_table_builders(version: str | None = None) -> list[TableBuilder]:
+def transformers_table_builders(at: str | None = None) -> list[TableBuilder]:
     """DeepSeek-V4's rope tables as transformers builds them: DeepseekV4RotaryEmbedding(config).forward(x,
     position_ids, layer_type) -> cos, sin [B, S, R/2] of the pairs, in x's dtype. The config is ours:
     DeepseekV4Config(head_dim=max(512, R), partial_rotary_factor=R/head_dim, rope_theta = compress_rope_theta
@@ -257,9 +248,9 @@ def transformers_table_builders(version: str | None = None) -> list[TableBuilder
     layer_type "main" without rope_scaling (plain rope), "compress" with it (YaRN; the config sets its
     attention_factor to 1.0: nothing folded in). The module is built on CPU, as a model is before it is
     moved, and moved to the positions' device. Two builders: x in bf16, as a bf16 model runs it (its
-    tables rounded to bf16; widened back to FP32 here, exactly), and x in FP32. `version`: as for
+    tables rounded to bf16; widened back to FP32 here, exactly), and x in FP32. `at`: as for
     transformers_preset."""
-    _require("transformers", version)
+    _require("transformers", at)
     import torch
     from transformers.models.deepseek_v4 import configuration_deepseek_v4 as configuration
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as modeling
@@ -316,8 +307,8 @@ SGLANG_MODULE = "sglang/kernels/ops/attention/dsv4/rope.py"
 
 def _sglang_module():
     """From the installed distribution; else the same file of the release carried to an offline host
-    (`fetch` puts it under CACHE/sglang-0.5.23/)."""
-    carried = CACHE / "sglang-0.5.23" / SGLANG_MODULE
+    (`fetch` puts it under CACHE/sglang-<version>/)."""
+    carried = CACHE / release("sglang") / SGLANG_MODULE
     try:
         _require("sglang")
         path = Path(importlib.metadata.distribution("sglang").locate_file(SGLANG_MODULE))
@@ -438,11 +429,11 @@ def nemo_preset():
 
 
 def _flash_attn_module():
-    path = CACHE / "flash-attn-2.8.3" / "rotary.py"
+    path = CACHE / release("flash-attn") / "rotary.py"
     if not path.is_file():
         fetch_flash_attn(CACHE)
     if not path.is_file():
-        raise Missing(f"flash-attn 2.8.3's rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
+        raise Missing(f"{release('flash-attn')}'s rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
     return load_module("_dsrope_peer_flash_attn_rotary", path)
 
 
@@ -514,13 +505,13 @@ def fetch_flash_attn(cache: Path) -> None:
         cmd += ["--no-build-isolation", "-d", tmp, PINS["flash-attn"]]
         if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
             return
-        archive = next(Path(tmp).glob("flash_attn-2.8.3.tar.gz"), None)
+        archive = next(Path(tmp).glob(f"flash_attn-{version('flash-attn')}.tar.gz"), None)
         if archive is None:
             return
         with tarfile.open(archive) as tar:
-            member = tar.getmember("flash_attn-2.8.3/flash_attn/ops/triton/rotary.py")
+            member = tar.getmember(f"flash_attn-{version('flash-attn')}/flash_attn/ops/triton/rotary.py")
             data = tar.extractfile(member).read()
-    target = cache / "flash-attn-2.8.3" / "rotary.py"
+    target = cache / release("flash-attn") / "rotary.py"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
 
@@ -534,12 +525,12 @@ def _megatron_module():
     """The one module, from the release's wheel (cp312; this machine runs 3.11), extracted at first use into the
     cache. Its one import from megatron (`null_decorator`, used only where Triton is missing) is given a stand-in
     for the load when megatron itself is not installed: importing megatron.core needs its runtime."""
-    path = CACHE / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    path = CACHE / release("megatron-core") / Path(MEGATRON_MODULE).name
     if not path.is_file():
         fetch_megatron(CACHE)
     if not path.is_file():
         fetch_command = "`python -m dsrope_gate.presets fetch`"
-        raise Missing(f"megatron-core 0.19.2's {MEGATRON_MODULE} is not in {CACHE}: {fetch_command}")
+        raise Missing(f"{release('megatron-core')}'s {MEGATRON_MODULE} is not in {CACHE}: {fetch_command}")
     import importlib.util
 
     if importlib.util.find_spec("megatron") is not None:
@@ -561,12 +552,12 @@ def fetch_megatron(cache: Path) -> None:
         cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
         if subprocess.run(cmd, capture_output=True).returncode != 0:
             return
-        wheel = next(Path(tmp).glob("megatron_core-0.19.2-*.whl"), None)
+        wheel = next(Path(tmp).glob(f"megatron_core-{version('megatron-core')}-*.whl"), None)
         if wheel is None:
             return
         with zipfile.ZipFile(wheel) as archive:
             data = archive.read(MEGATRON_MODULE)
-    target = cache / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    target = cache / release("megatron-core") / Path(MEGATRON_MODULE).name
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
 
@@ -618,8 +609,8 @@ def megatron_preset():
 
 # --- vLLM: models/deepseek_v4 (Triton q-norm + rope, Triton inverse rope; its rope tables) ---------------------
 
-VLLM = "vllm-0.33.0"
-# The files kept from the release's wheel (CACHE/vllm-0.33.0/, by their paths in it), in load order: the
+VLLM = release("vllm")
+# The files kept from the release's wheel (CACHE/vllm-<version>/, by their paths in it), in load order: the
 # q-norm + rope module, the inverse rope module and the launch machinery it runs through, DeepSeek-V4's rope
 # table builder and the rotary-embedding modules it builds from.
 VLLM_FILES = (
@@ -636,13 +627,13 @@ VLLM_FILES = (
 
 def fetch_vllm(cache: Path) -> None:
     """The release's wheel from the package index (once; about 340 MB), and the files of VLLM_FILES
-    extracted into CACHE/vllm-0.33.0/ (the wheel is not kept)."""
+    extracted into CACHE/vllm-<version>/ (the wheel is not kept)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
         cmd += ["--platform", "manylinux_2_28_x86_64", "-d", tmp, PINS["vllm"]]
         if subprocess.run(cmd, capture_output=True).returncode != 0:
             return
-        wheel = next(Path(tmp).glob("vllm-0.33.0-*.whl"), None)
+        wheel = next(Path(tmp).glob(f"vllm-{version('vllm')}-*.whl"), None)
         if wheel is None:
             return
         with zipfile.ZipFile(wheel) as archive:
@@ -791,9 +782,9 @@ _VLLM_LOADED: dict = {}
 
 
 def _vllm_modules() -> dict:
-    """The kept files of vLLM 0.33.0 loaded under their own module names (so that their imports of each
+    """The kept files of the pinned vLLM loaded under their own module names (so that their imports of each
     other resolve), with _vllm_stand_ins for the rest of vLLM; once per process (their torch ops are
-    registered once). The files come from CACHE/vllm-0.33.0/, fetched at first use."""
+    registered once). The files come from CACHE/vllm-<version>/, fetched at first use."""
     if _VLLM_LOADED:
         return _VLLM_LOADED
     if "vllm" in sys.modules:
@@ -802,7 +793,7 @@ def _vllm_modules() -> dict:
     if not all((root / name).is_file() for name in VLLM_FILES):
         fetch_vllm(CACHE)
     if not all((root / name).is_file() for name in VLLM_FILES):
-        raise Missing(f"vllm 0.33.0's DeepSeek-V4 modules are not in {root}: `python -m dsrope_gate.presets fetch`")
+        raise Missing(f"{VLLM}'s DeepSeek-V4 modules are not in {root}: `python -m dsrope_gate.presets fetch`")
     modules: dict = {}
     modules |= _vllm_stand_ins(modules)
     with _VllmImports(modules):
@@ -967,18 +958,18 @@ def _each_preset(registry: dict, names, progress) -> list:
     if unknown:
         raise ValueError(f"--preset: unknown {unknown}; known: {', '.join(registry)} (NAME or NAME@VERSION) or all")
     for spec in chosen:
-        preset, _, version = spec.partition("@")
-        if version and version not in releases(preset):
+        preset, _, at = spec.partition("@")
+        if at and at not in releases(preset):
             pinned = ", ".join(f"{preset}@{v}" for v in releases(preset)) or f"{preset} (no pinned release)"
             raise ValueError(f"--preset {spec}: not a pinned release; pinned: {pinned}")
     found = []
     for spec in chosen:
-        preset, _, version = spec.partition("@")
-        beside = version and version != releases(preset)[0]  # a release pinned beside the installed one
+        preset, _, at = spec.partition("@")
+        beside = at and at != releases(preset)[0]  # a release pinned beside the installed one
         try:
             if len(releases(preset)) > 1:
-                use_release(preset, version or None)
-            entries = registry[preset](version) if beside else registry[preset]()
+                use_release(preset, at or None)
+            entries = registry[preset](at) if beside else registry[preset]()
         except VersionConflict:
             raise
         except Missing as e:
@@ -987,7 +978,7 @@ def _each_preset(registry: dict, names, progress) -> list:
         except Exception as e:  # a peer release that no longer imports: say so, judge the others
             progress(f"preset {spec} skipped: it does not load ({type(e).__name__}: {e})")
             continue
-        if version:
+        if at:
             entries = [replace(e, name=e.name.replace(f"{preset}:", f"{spec}:", 1)) for e in entries]
         found += entries
     return found
@@ -1011,17 +1002,17 @@ def table_builders(names, progress=print) -> list[TableBuilder]:
 def fetch(folder: Path) -> None:
     """The pinned releases as files for an offline GPU host: the wheels of veomni and nemo-automodel, the
     one sglang module, flash-attn's rotary.py, megatron-core's fused_mla_yarn_rope_apply.py, vLLM's kept
-    files (vllm-0.33.0/) and the wheel of transformers 5.23.0 in transformers-5.23.0/ (installed into that
-    folder at first use; not among the top-level wheels, which a host installs together: transformers
-    5.17.0 is on the H200 already)."""
+    files (vllm-<version>/) and the wheel of each release pinned beside the installed one in its own folder
+    (transformers-5.23.0/: installed into that folder at first use; not among the top-level wheels, which
+    a host installs together; the pinned transformers is not fetched: the GPU hosts have it installed)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("veomni", "nemo-automodel"):
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), PINS[name]])
     for key in [k for k in PINS if "@" in k]:
-        package, _, version = key.partition("@")
+        package, _, at = key.partition("@")
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
-        subprocess.run(cmd + ["-d", str(folder / f"{package}-{version}"), PINS[key]])
-    sglang = folder / "sglang-0.5.23" / SGLANG_MODULE
+        subprocess.run(cmd + ["-d", str(folder / f"{package}-{at}"), PINS[key]])
+    sglang = folder / release("sglang") / SGLANG_MODULE
     sglang.parent.mkdir(parents=True, exist_ok=True)
     sglang.write_bytes(Path(_sglang_module().__file__).read_bytes())
     fetch_flash_attn(folder)
