@@ -342,3 +342,18 @@ def test_a_release_pinned_beside_loads_in_a_fresh_process_and_5_23_gives_5_17s_b
         got = b.fn(positions, 64, 160000.0, dict(factor=16, original_max_position_embeddings=65536))
         for a, c in zip(got, theirs[name], strict=True):
             assert torch.equal(a.view(torch.int32), c.view(torch.int32)), name
+
+
+def test_the_command_lists_two_releases_of_one_package_each_in_a_process_of_its_own():
+    """The conformance command lists the implementations of each preset name in a child of its own, so that
+    `--preset transformers@5.17.0 --preset transformers@5.23.0` judges both (in one process the second
+    would raise VersionConflict)."""
+    from dsrope_gate.cli import preset_targets
+
+    said = []
+    listed = preset_targets(["transformers@5.17.0", "transformers@5.23.0"], "cpu", ["partial_rope"], said.append)
+    if said:
+        pytest.skip("; ".join(said))
+    names = [target.name for _, target in listed]
+    assert names == ["transformers@5.17.0:apply_rotary_pos_emb", "transformers@5.23.0:apply_rotary_pos_emb"]
+    assert [target.preset for _, target in listed] == ["transformers@5.17.0", "transformers@5.23.0"]
