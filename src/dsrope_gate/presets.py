@@ -771,6 +771,8 @@ class _VllmImports:
         self.modules = modules
 
     def __enter__(self):
+        if sys.modules.get("vllm", self.modules["vllm"]) is not self.modules["vllm"]:
+            raise RuntimeError("vllm was imported in this process after its preset loaded: stand-ins would shadow it")
         sys.modules.update(self.modules)
 
     def __exit__(self, *exc):
