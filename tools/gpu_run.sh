@@ -17,6 +17,7 @@
 #           host without the git history BASELINE_SRC names a folder carried with the tree that holds REF's
 #           tree (e.g. git worktree add baseline REF, before the call)
 #   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode)
+#   fma     the unfused rotation's GPU tests and the bench before and after it (tools/gpu_fma.sh)
 #   releases  the vllm preset judged on CUDA (the conformance command), then transformers 5.17.0 and 5.23.0
 #           each in its own process on the same inputs, their bits compared (python -m tools.release_bits)
 #
@@ -101,6 +102,9 @@ for phase in "$@"; do
       (timeout "${SWEEP_LIMIT:-400}" python3 -m tools.sweep --out "$OUT/sweep" ${SWEEP_ARGS:---decode} > "$OUT/w.log" 2>&1
        echo "sweep rc $?" >> "$OUT/w.log")
       grep -E "^copy|best M=|launcher|sweep rc" "$OUT/w.log" > "$OUT/w.tail"; rm "$OUT/w.log"; fold_logs "$OUT/w.tail" ;;
+    # the unfused rotation's GPU tests and the bench before and after it (run `bash tools/gpu_fma.sh prepare`
+    # in the checkout first and carry .device/before)
+    fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
     releases)
       install_peers
       (timeout 240 python3 -m dsrope_gate.conformance --preset vllm --device cuda --examples 12 \
@@ -111,7 +115,7 @@ for phase in "$@"; do
       (timeout 240 python3 -m tools.release_bits transformers@5.17.0 transformers@5.23.0 --device cuda \
         --json "$OUT/release_bits.json" > "$OUT/r.log" 2>&1; echo "release-bits rc $?" >> "$OUT/r.log")
       fold_logs "$OUT/c.tail" "$OUT/r.log" ;;
-    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, releases)"; false ;;
+    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma, releases)"; false ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
 done

@@ -52,9 +52,14 @@ from pathlib import Path
 from dsrope_dev.mutation import (
     CALLING,
     CHECKS,
+    CLI,
     DIAGNOSES,
+    ISOLATION,
     JUDGING,
+    OPS,
     PAIR_ROTATION,
+    PARITY,
+    PLUGIN,
     QNORM,
     REF_FLOATS,
     REF_QNORM,
@@ -63,6 +68,8 @@ from dsrope_dev.mutation import (
     RENDER,
     ROPE,
     SEMANTICS,
+    STRATEGIES,
+    TESTING,
     TILES,
     UTILS,
     VIOLATIONS,
@@ -90,10 +97,10 @@ JUDGE_CATALOG = catalog_reference.MUTANTS + catalog_semantics.MUTANTS + catalog_
 
 # Test files that exercise each source file: run first, so a mutant dies early.
 HOME = {
-    ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
-    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
+    ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py", "test_rotation_ptx.py"),
+    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py", "test_rotation_ptx.py"),
     UTILS: ("test_rope_utils.py", "test_yarn_edge_cases.py", "test_vs_transformers_tables.py"),
-    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py"),  # swap_pairs, pair_table: their callers
+    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py", "test_rotation_ptx.py"),  # their callers; rotate_lane
     TILES: ("test_rope.py", "test_qnorm_rope.py"),
     CHECKS: ("test_custom_ops.py",),  # wants_autograd: forward-mode AD
     REF_FLOATS: ("test_error_model.py", "test_golden.py"),
@@ -106,6 +113,13 @@ HOME = {
     RENDER: ("test_conformance.py", "test_violations.py"),
     VIOLATIONS: ("test_violations.py", "test_conformance.py"),
     DIAGNOSES: ("test_violations.py",),
+    ISOLATION: ("test_isolation.py", "test_cli.py"),
+    TESTING: ("test_testing.py", "test_entry_points.py"),
+    PLUGIN: ("test_testing.py",),
+    PARITY: ("test_parity.py",),
+    OPS: ("test_conformance.py",),
+    STRATEGIES: ("test_strategies.py",),
+    CLI: ("test_cli.py", "test_isolation.py"),
 }
 FIRST = ("test_bounds_and_table_strides",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
@@ -128,20 +142,27 @@ class Stale(Exception):
 
 def function_spans(text: str) -> dict[str, tuple[int, int] | None]:
     """Qualified name ("_PartialRoPE.backward") -> (first, last) line, 1-based, of every function and
-    class in `text`, from its `def` or `class` line (decorators excluded) to its end; None for a name
-    defined twice."""
+    class in `text`, from its `def` or `class` line (decorators excluded) to its end, and of every
+    module-level assignment to one name (a record such as `QNORM_ROPE = Op(...)`); None for a name defined
+    twice."""
     spans: dict[str, tuple[int, int] | None] = {}
+
+    def add(name: str, node) -> None:
+        spans[name] = None if name in spans else (node.lineno, node.end_lineno)
 
     def walk(node, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = prefix + child.name
-                spans[name] = None if name in spans else (child.lineno, child.end_lineno)
-                walk(child, name + ".")
+                add(prefix + child.name, child)
+                walk(child, prefix + child.name + ".")
             else:
                 walk(child, prefix)
 
-    walk(ast.parse(text), "")
+    tree = ast.parse(text)
+    walk(tree, "")
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and [type(t) for t in statement.targets] == [ast.Name]:
+            add(statement.targets[0].id, statement)
     return spans
 
 
