@@ -173,13 +173,17 @@ def main(argv=None) -> int:
 
 
 def preset_targets(names, device, ops, progress) -> list[tuple[str, Target]]:
-    """(op name, Target) of every implementation of the named presets, listed in a child process: the peers'
-    code is never imported into the judge's own process."""
+    """(op name, Target) of every implementation of the named presets, each name listed in a child process
+    of its own: the peers' code is never imported into the judge's own process, and two releases of one
+    package (transformers@5.17.0, transformers@5.23.0) cannot share one."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        listed, skipped = pool.apply(list_presets, (names, device, ops))
+    listed, skipped = [], []
+    with context.Pool(1, maxtasksperchild=1) as pool:
+        for name in dict.fromkeys(names):
+            found, said = pool.apply(list_presets, ([name], device, ops))
+            listed, skipped = listed + found, skipped + said
     for line in skipped:
         progress(line)
     return [(op, Target(name, preset=preset, in_place=False)) for preset, name, op in listed]
