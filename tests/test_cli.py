@@ -130,9 +130,11 @@ def test_usage_errors_exit_2(argv, capsys):
     assert rc == 2, capsys.readouterr().err
 
 
-def test_unknown_preset_exits_2(capsys):
+def test_unknown_preset_or_release_exits_2(capsys):
     assert main(["--preset", "no-such-peer"]) == 2
     assert "unknown ['no-such-peer']" in capsys.readouterr().err
+    assert main(["--preset", "transformers@5.20.0"]) == 2
+    assert "transformers's pinned releases are ['5.17.0', '5.23.0']" in capsys.readouterr().err
 
 
 def test_the_judges_own_failure_exits_3_never_1(impls, monkeypatch, capsys):

@@ -233,6 +233,10 @@ def judge(args) -> int:
         unknown = [n for n in args.preset if n != "all" and n.split("@")[0] not in presets.PRESETS]
         if unknown:
             raise UsageError(f"--preset: unknown {unknown}; known: {', '.join(presets.PRESETS)} or all")
+        for name in args.preset:
+            base, at, version = name.partition("@")
+            if at and version not in presets.releases(base):
+                raise UsageError(f"--preset {name}: {base}'s pinned releases are {presets.releases(base) or 'none'}")
         if isolate:
             listed = preset_targets(args.preset, device, args.op, progress)
         else:
