@@ -234,6 +234,18 @@ def test_scaled_holds_the_fp32_product_by_the_fp32_factor():
             assert lo <= t <= hi, (v, factor, t, lo, hi)
 
 
+def test_cuda_allowances_widen_the_model():
+    """CUDA's powf (4 ulp) widens every frequency interval of the CPU's (1 ulp), and its cosf (2 ulp) every
+    evaluated value's: the judge takes the allowances of the device the table comes from."""
+    v3 = CASE["v3/far"]
+    cpu, cuda = (ref.frequency_model(64, 10000.0, v3.rope_scaling, pow_ulps) for pow_ulps in (1, 4))
+    assert (cuda.lo <= cpu.lo).all() and (cuda.hi >= cpu.hi).all() and (cuda.hi - cuda.lo > cpu.hi - cpu.lo).all()
+    value = mpmath.mpf(0.3)
+    one, two = ref.evaluated(value, value, 1), ref.evaluated(value, value, 2)
+    assert two[0] < one[0] < 0.3 < one[1] < two[1]
+    assert ref.CPU_ULPS == (1, 1) and ref.CUDA_ULPS == (2, 4)
+
+
 def test_bad_arguments_are_refused():
     positions = torch.tensor([[0, 5]])
     with pytest.raises(ValueError, match="positions"):
