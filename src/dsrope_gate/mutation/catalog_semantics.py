@@ -173,7 +173,7 @@ MUTANTS = [
         TABLES,
         "label_frequencies",
         "the contract's frequencies as theta ** -e (another rounding) instead of 1 / theta ** e",
-        ("freqs = 1.0 / (theta ** exponents)", "freqs = theta ** -exponents"),
+        ("freqs = 1.0 / (theta**exponents)", "freqs = theta**-exponents"),
     ),
     mutant(
         "tables.reciprocal_product_as_deepseek",
