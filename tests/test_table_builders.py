@@ -164,3 +164,14 @@ def test_transformers_frequencies_anchor_the_yarn_labels():
     untruncated = tables.label_frequencies("yarn-untruncated", 64, 10000.0, scaling)
     assert ((theirs[False].double() / untruncated.double() - 1).abs() <= 2**-22).all()
     assert (theirs[False].double() / ours[None].double() - 1).abs().max() > 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [name for name in EXPECTED if "bf16" not in name])
+def test_fp32_builders_conform_on_cuda(name):
+    """On CUDA with FP32 matmuls (torch's default, TF32 off) every FP32 builder conforms under the CUDA
+    allowances (cosf, sinf 2 ulp; powf 4 ulp) and keeps its CPU semantics."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    verdicts = tables.judge(builder(name), CASES, "cuda")
+    assert all(v.conforms or v.refused for v in verdicts), [(v.case.name, v.first_violation) for v in verdicts]
+    assert tables.labels(verdicts) == EXPECTED[name][1]

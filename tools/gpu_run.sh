@@ -84,6 +84,15 @@ for phase in "$@"; do
       timeout 500 python3 -m dsrope_gate.conformance --parity --preset all --device cuda --examples 12 \
         --json "$OUT/parity.json" --out "$OUT/parity" > "$OUT/parity.log" 2>&1; echo "parity rc $?"
       tail -5 "$OUT/parity.log" ;;
+    # the rope tables: every table builder's verdicts and semantics on CUDA, FP32 matmuls then TF32 ones (the
+    # pinned releases carried in .whl/peers: presets fetch and table_builders fetch)
+    tables)
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/peers/*.whl
+      export DSROPE_PEERS_CACHE=$PWD/.whl/peers
+      timeout 240 python3 -m tools.table_verdicts --device cuda > "$OUT/tables.md" 2>&1; echo "tables rc $?"
+      timeout 240 python3 -m tools.table_verdicts --device cuda --tf32 > "$OUT/tables-tf32.md" 2>&1
+      echo "tables --tf32 rc $?"; tail -16 "$OUT/tables.md" "$OUT/tables-tf32.md"
+      timeout 200 python3 -m nox -s gpu-tests -- -q -rfE tests/test_table_builders.py tests/test_tables.py 2>&1 | tail -6 ;;
     # issue 27: the in-place kernel's rows per program and warps (prefill and decode under graph replay; the
     # earlier kernel from sweep_baseline/ if present), then the in-place bench rows beside flash-attn's and sglang's
     inplace-sweep)

@@ -13,8 +13,9 @@ The contract `fp32-elementwise`, for position p and pair k (P = fl32(p), u = 2**
 
 Error model, per element. P and f' are FP32 numbers, so P * f' is exact in FP64 and rounding to nearest is
 monotone: for f' in [f_lo, f_hi] = [ceil32(f (1 - r)), floor32(f (1 + r))] every angle lies in
-I = [fl32(P f_lo), fl32(P f_hi)]. At large positions I is wide: the frequency's own error times p (at
-p = 2**20, pair 0 of a plain table, r = 3u gives about 0.375 rad) plus the product's rounding. Over the
+I = [fl32(P f_lo), fl32(P f_hi)]. At large positions I is wide: the frequency's own error times p, plus the
+product's rounding (at p = 2**20, pair 0 of a plain table, whose FP32 interval is 5u wide: 0.3125 rad, five
+FP32 angles 2**-4 apart). I is the real interval, a superset of the FP32 angles in it. Over the
 closed interval I, cos and sin reach their extremes at the ends or at the critical points inside it: cos
 at k*pi (+1 for even k, -1 for odd), sin at pi/2 + k*pi (+1 for even k, -1 for odd); `extremes` evaluates
 the ends in mpmath and finds the multiples of pi/2 in I with PREC-bit arithmetic (an FP32 or FP64 number

@@ -12,6 +12,8 @@ dtype, a "(bf16 activations)" builder calls it as their model does with bf16 act
 after is exact). A builder that cannot take a case raises NotImplementedError naming why.
 
     BUILDERS[name]() -> [TableBuilder, ...]; load(names) skips a project whose pinned package is missing.
+    python -m dsrope_gate.table_builders fetch [DIR]   # megatron-core's embedding modules into DIR (default
+                                                       # .whl/peers), for an offline host (DSROPE_PEERS_CACHE=DIR)
 """
 
 from __future__ import annotations
@@ -422,3 +424,12 @@ def load(names, progress=print) -> list[TableBuilder]:
         except Exception as e:  # a pinned release that no longer imports: say so, judge the others
             progress(f"table builders {name} skipped: it does not load ({type(e).__name__}: {e})")
     return found
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["fetch"]:
+        folder = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".whl/peers")
+        fetch_megatron_embeddings(folder)
+        print(f"wrote {sorted(str(p.relative_to(folder)) for p in folder.glob('megatron-core-0.19.2/embeddings/*'))}")
+    else:
+        print(__doc__)
