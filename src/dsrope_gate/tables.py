@@ -130,9 +130,9 @@ class Yarn:
             "beta_fast": self.beta_fast,
             "beta_slow": self.beta_slow,
         }
-        out.update(
-            {k: v for k, v in (("mscale", self.mscale), ("mscale_all_dim", self.mscale_all_dim)) if v is not None}
-        )
+        for key in ("mscale", "mscale_all_dim"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 

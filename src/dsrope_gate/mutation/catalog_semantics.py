@@ -258,8 +258,8 @@ MUTANTS = [
         "agreement",
         "a NaN entry counts as inside a label's interval",
         (
-            "((g >= interval.lo) & (g <= interval.hi))",
-            "~((g < interval.lo) | (g > interval.hi))",
+            "float(((g >= interval.lo) & (g <= interval.hi)).double().mean())",
+            "float((~((g < interval.lo) | (g > interval.hi))).double().mean())",
         ),
     ),
     mutant(
