@@ -203,9 +203,12 @@ def test_failures_are_reported_not_raised(judged):
     assert failing["elements"] == 0 and failing["conforms"] is None and failing["verdict"] == "not run"
     backward = results["raises"]["backward"]  # no forward ran: the backward was not run either
     assert backward is not None and backward["verdict"] == "not run" and backward["semantics"] == []
-    assert {n["status"] for n in failing["not_run"]} == {"crashed"}
+    assert {n["status"] for n in failing["not_run"]} == {"raised"}
     assert "RuntimeError: this implementation always fails" in failing["not_run"][0]["error"]
-    assert set(failing["layouts"].values()) == {"crashed"}
+    assert set(failing["layouts"].values()) == {"raised"}
+    assert failing["refusals"] == {
+        "raised (RuntimeError: this implementation always fails)": [n["case"] for n in failing["not_run"]]
+    }  # credited to what it said, in its own words
 
     shape = results["wrong-shape"]["forward"]
     assert shape["verdict"] == "does not conform" and shape["conforms"] is False
@@ -220,9 +223,10 @@ def test_failures_are_reported_not_raised(judged):
     assert fp16["conforms"] and fp16["verdict"] == "partial" and {n["status"] for n in fp16["not_run"]} == {"refused"}
     assert all("float16" in n["case"] or "fp16" in n["case"] or n["case"].startswith("sweep") for n in fp16["not_run"])
 
-    if op == "partial_rope":
+    if op == "partial_rope":  # its output is right; the write into x fails it, with the first element changed
         wrote = results["writes-into-x"]["forward"]
-        assert wrote["writes_into_input"] == ["x"] and wrote["conforms"]
+        assert wrote["writes_into_input"] == ["x"] and wrote["verdict"] == "does not conform"
+        assert wrote["outside_model"] == 0 and wrote["writes"][0]["index"] is not None
 
 
 def test_wrong_outputs_do_not_conform(judged):
@@ -239,12 +243,13 @@ def test_wrong_outputs_do_not_conform(judged):
     )  # NaN: the reported value is NaN
 
 
-def test_a_write_into_a_gap_of_x_is_reported(judged):
+def test_a_write_into_a_gap_of_x_fails_the_verdict(judged):
     """The bytes between x's elements (NaN-poisoned gaps of strided layouts) are part of what a call must
-    leave alone."""
+    leave alone: a write there is a write into x, reported at its storage element (no logical index)."""
     _, results, _ = judged
     forward = results["writes-into-a-gap"]["forward"]
-    assert forward["writes_into_input"] == ["x"] and forward["verdict"] == "conforms"
+    assert forward["writes_into_input"] == ["x"] and forward["verdict"] == "does not conform"
+    assert forward["outside_model"] == 0 and all(w["index"] is None for w in forward["writes"])
 
 
 def test_some_cases_crashing_is_partial_and_says_which(judged):
@@ -253,7 +258,7 @@ def test_some_cases_crashing_is_partial_and_says_which(judged):
     for direction in ("forward", "backward"):
         d = r[direction]
         assert d["verdict"] == "partial" and d["conforms"], direction
-        assert d["not_run"] and all(n["status"] == "crashed" and "no bf16 kernel" in n["error"] for n in d["not_run"])
+        assert d["not_run"] and all(n["status"] == "raised" and "no bf16 kernel" in n["error"] for n in d["not_run"])
         assert {c["dtype"] for c in d["cases"]} == {"float16", "float32"}, direction
 
 

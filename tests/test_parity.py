@@ -149,7 +149,7 @@ def test_reason(a, b, expected):
 
 def test_the_command_line_writes_markdown_json_and_picture(tmp_path):
     """`--parity` on two implementations given by --impl: the three files, the pair's row in the JSON."""
-    from dsrope_gate.conformance.cli import main
+    from dsrope_gate.cli import main
 
     impls = ["dsrope_gate.differential:eager_partial_rope", "dsrope:apply_partial_rope_triton"]
     argv = ["--parity", "--op", "partial_rope", "--device", "cpu", "--examples", "0", "--golden", str(tmp_path)]

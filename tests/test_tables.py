@@ -431,3 +431,14 @@ def test_upstream_table_conforms_on_the_slow_sweep():
     verdicts = judge(UPSTREAM, SLOW_CASES)
     assert all(v.conforms for v in verdicts), [(v.case.name, v.first_violation) for v in verdicts if not v.conforms]
     assert labels(verdicts) == [CONTRACT]
+
+
+def test_render_lists_every_case_refusals_and_the_semantics():
+    plain = [case for case in CASES if case.scaling is None]
+    bf16 = label_verdicts("bf16-cache")[:2]
+    out = tables.render({"emulation": bf16, "upstream": judge(UPSTREAM, plain)})
+    assert out.count("| emulation | ") == 3 and out.count("| upstream | ") == 4
+    assert f"| emulation | {sum(v.outside for v in bf16)} | bf16-cache |" in out
+    assert f"| upstream | 0 | {CONTRACT} |" in out
+    refused = judge(TableBuilder("none", lambda *args: (_ for _ in ()).throw(NotImplementedError("why"))), plain[:1])
+    assert "| none | v4-main/start | | refused: why | |" in tables.render({"none": refused})

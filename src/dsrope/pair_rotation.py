@@ -23,7 +23,7 @@ def rotate_lane(own, cos, signed_partner_times_sin):
     lane on an fp16 x with channel stride 2 and stored 1 ulp away from the out-of-place kernel where the
     two forms straddle a rounding midpoint (tests/test_rope_inplace.py::test_layouts_property;
     docs/gpu-runs.md). Written out, both kernels compute the same bits; the out-of-place kernel's PTX
-    for sm_90 is the same as with the compiler's choice (tools/rotation_ptx.py, docs/gpu-runs.md). Triton
+    for sm_90 is the same as with the compiler's choice (docs/records/*-probes-removed.md). Triton
     3.9 warns that 3.10 stops fusing by default; written out, the rotation keeps its one fused product
     there too. The interpreter rounds both products and the sum to FP32 (docs/contract.md).
     """

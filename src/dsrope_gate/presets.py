@@ -35,16 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE, Op
+from dsrope_gate.pins import PINS, release, version
 from dsrope_gate.targets import load_module
 
-PINS = {
-    "transformers": "transformers==5.17.0",
-    "veomni": "veomni==0.1.12",
-    "sglang": "sglang==0.5.23",
-    "nemo-automodel": "nemo-automodel==0.7.0",
-    "flash-attn": "flash-attn==2.8.3",
-    "megatron-core": "megatron-core==0.19.2",
-}
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
 
 
@@ -80,11 +73,11 @@ class Missing(Exception):
 def _require(name: str) -> None:
     pin = PINS[name]
     try:
-        version = importlib.metadata.version(name)
+        installed = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         raise Missing(f"{name} is not installed: `pip install --no-deps {pin}`") from None
-    if version != pin.split("==")[1]:
-        raise Missing(f"{name} {version} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
+    if installed != version(name):
+        raise Missing(f"{name} {installed} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
 
 
 def _half(t):
@@ -189,8 +182,8 @@ SGLANG_MODULE = "sglang/kernels/ops/attention/dsv4/rope.py"
 
 def _sglang_module():
     """From the installed distribution; else the same file of the release carried to an offline host
-    (`fetch` puts it under CACHE/sglang-0.5.23/)."""
-    carried = CACHE / "sglang-0.5.23" / SGLANG_MODULE
+    (`fetch` puts it under CACHE/sglang-<version>/)."""
+    carried = CACHE / release("sglang") / SGLANG_MODULE
     try:
         _require("sglang")
         path = Path(importlib.metadata.distribution("sglang").locate_file(SGLANG_MODULE))
@@ -311,11 +304,11 @@ def nemo_preset():
 
 
 def _flash_attn_module():
-    path = CACHE / "flash-attn-2.8.3" / "rotary.py"
+    path = CACHE / release("flash-attn") / "rotary.py"
     if not path.is_file():
         fetch_flash_attn(CACHE)
     if not path.is_file():
-        raise Missing(f"flash-attn 2.8.3's rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
+        raise Missing(f"{release('flash-attn')}'s rotary.py is not in {CACHE}: `python -m dsrope_gate.presets fetch`")
     return load_module("_dsrope_peer_flash_attn_rotary", path)
 
 
@@ -387,13 +380,13 @@ def fetch_flash_attn(cache: Path) -> None:
         cmd += ["--no-build-isolation", "-d", tmp, PINS["flash-attn"]]
         if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
             return
-        archive = next(Path(tmp).glob("flash_attn-2.8.3.tar.gz"), None)
+        archive = next(Path(tmp).glob(f"flash_attn-{version('flash-attn')}.tar.gz"), None)
         if archive is None:
             return
         with tarfile.open(archive) as tar:
-            member = tar.getmember("flash_attn-2.8.3/flash_attn/ops/triton/rotary.py")
+            member = tar.getmember(f"flash_attn-{version('flash-attn')}/flash_attn/ops/triton/rotary.py")
             data = tar.extractfile(member).read()
-    target = cache / "flash-attn-2.8.3" / "rotary.py"
+    target = cache / release("flash-attn") / "rotary.py"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
 
@@ -407,12 +400,12 @@ def _megatron_module():
     """The one module, from the release's wheel (cp312; this machine runs 3.11), extracted at first use into the
     cache. Its one import from megatron (`null_decorator`, used only where Triton is missing) is given a stand-in
     for the load when megatron itself is not installed: importing megatron.core needs its runtime."""
-    path = CACHE / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    path = CACHE / release("megatron-core") / Path(MEGATRON_MODULE).name
     if not path.is_file():
         fetch_megatron(CACHE)
     if not path.is_file():
         fetch_command = "`python -m dsrope_gate.presets fetch`"
-        raise Missing(f"megatron-core 0.19.2's {MEGATRON_MODULE} is not in {CACHE}: {fetch_command}")
+        raise Missing(f"{release('megatron-core')}'s {MEGATRON_MODULE} is not in {CACHE}: {fetch_command}")
     import importlib.util
 
     if importlib.util.find_spec("megatron") is not None:
@@ -434,12 +427,12 @@ def fetch_megatron(cache: Path) -> None:
         cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
         if subprocess.run(cmd, capture_output=True).returncode != 0:
             return
-        wheel = next(Path(tmp).glob("megatron_core-0.19.2-*.whl"), None)
+        wheel = next(Path(tmp).glob(f"megatron_core-{version('megatron-core')}-*.whl"), None)
         if wheel is None:
             return
         with zipfile.ZipFile(wheel) as archive:
             data = archive.read(MEGATRON_MODULE)
-    target = cache / "megatron-core-0.19.2" / Path(MEGATRON_MODULE).name
+    target = cache / release("megatron-core") / Path(MEGATRON_MODULE).name
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_bytes(data)
 
@@ -528,11 +521,11 @@ def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
 def fetch(folder: Path) -> None:
     """The pinned releases as files for an offline GPU host: the wheels of veomni and nemo-automodel, the
     one sglang module, flash-attn's rotary.py and megatron-core's fused_mla_yarn_rope_apply.py (transformers
-    5.17.0 is on the H200 already)."""
+    is not fetched: the GPU hosts have it installed)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("veomni", "nemo-automodel"):
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), PINS[name]])
-    sglang = folder / "sglang-0.5.23" / SGLANG_MODULE
+    sglang = folder / release("sglang") / SGLANG_MODULE
     sglang.parent.mkdir(parents=True, exist_ok=True)
     sglang.write_bytes(Path(_sglang_module().__file__).read_bytes())
     fetch_flash_attn(folder)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-MARKER = "conforms(op, *, semantics=None, dtypes=None, backward=True, examples=0, golden=False): the test returns "
-MARKER += "an implementation of op; dsrope_gate.testing.assert_conforms judges it"
+MARKER = "conforms(op, *, semantics=None, dtypes=None, backward=True, examples=24, golden=True, in_place=False, "
+MARKER += "isolate=False): the test returns an implementation of op; dsrope_gate.testing.assert_conforms judges it"
 
 
 def pytest_configure(config):

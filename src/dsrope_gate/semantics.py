@@ -23,7 +23,7 @@ Rotation (both ops; pairs of the trailing R channels unless said)
                    fma(a, c, -rn(b*s)) and fma(b, c, rn(a*s)), each rounded once to FP32 (inside the
                    error model, other bits; the H200's contraction of dsrope's and the peers' kernels)
   bf16-tables      the contract's rotation with cos and sin rounded to bf16 first, whatever x.dtype (a
-                   trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vLLM issue 48304)
+                   trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vllm-project/vllm#48304)
   rotary-factor-twice  the partial rotary factor R/D applied to the rope slice again (Megatron-Bridge PR
                    4271): R' = R*R/D channels (even, rounded down; DSV4: 8 of 64) rotated, the leading R'
                    of the trailing R, as interleaved pairs with the table's first R'/2 entries; the other
@@ -210,8 +210,9 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
     if got.numel() == 0:
         return 1.0
     same = bits(got) == bits(emulated)
-    same |= got.isnan() & emulated.isnan()
-    return float(same.double().mean())
+    if not bool(same.all()):
+        same |= got.isnan() & emulated.isnan()
+    return int(same.sum()) / same.numel()
 
 
 def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:

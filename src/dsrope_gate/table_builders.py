@@ -12,6 +12,7 @@ dtype, a "(bf16 activations)" builder calls it as their model does with bf16 act
 after is exact). A builder that cannot take a case raises NotImplementedError naming why.
 
     BUILDERS[name]() -> [TableBuilder, ...]; load(names) skips a project whose pinned package is missing.
+    python -m tools.table_verdicts [--device cuda] [--tf32] [--slow] [--builders all|dsrope,sglang,...]
     python -m dsrope_gate.table_builders fetch [DIR]   # megatron-core's embedding modules into DIR (default
                                                        # .whl/peers), for an offline host (DSROPE_PEERS_CACHE=DIR)
 """
@@ -32,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from dsrope_gate.presets import CACHE, PINS, Missing, _require, _sglang_module
+from dsrope_gate import tables
+from dsrope_gate.pins import PINS, release, version
+from dsrope_gate.presets import CACHE, Missing, _require, _sglang_module
 from dsrope_gate.tables import TableBuilder
 from dsrope_gate.targets import load_module
 
@@ -235,12 +238,12 @@ def fetch_megatron_embeddings(cache: Path) -> None:
         cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
         if subprocess.run(cmd, capture_output=True).returncode != 0:
             return
-        wheel = next(Path(tmp).glob("megatron_core-0.19.2-*.whl"), None)
+        wheel = next(Path(tmp).glob(f"megatron_core-{version('megatron-core')}-*.whl"), None)
         if wheel is None:
             return
         with zipfile.ZipFile(wheel) as archive:
             files = {name: archive.read(f"{MEGATRON_EMBEDDINGS}/{name}") for name in MEGATRON_FILES}
-    folder = cache / "megatron-core-0.19.2" / "embeddings"
+    folder = cache / release("megatron-core") / "embeddings"
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
@@ -257,11 +260,11 @@ def _megatron_embeddings():
     if importlib.util.find_spec("megatron") is not None:
         _require("megatron-core")
         return tuple(importlib.import_module(f"{package}.{n[:-3]}") for n in MEGATRON_FILES[1:])
-    folder = CACHE / "megatron-core-0.19.2" / "embeddings"
+    folder = CACHE / release("megatron-core") / "embeddings"
     if not all((folder / name).is_file() for name in MEGATRON_FILES):
         fetch_megatron_embeddings(CACHE)
     if not all((folder / name).is_file() for name in MEGATRON_FILES):
-        raise Missing(f"megatron-core 0.19.2's {MEGATRON_EMBEDDINGS} is not in {CACHE}: pip cannot download it")
+        raise Missing(f"{PINS['megatron-core']}'s {MEGATRON_EMBEDDINGS} is not in {CACHE}: pip cannot download it")
     names = ["megatron", "megatron.core", "megatron.core.models", "megatron.core.models.common", package]
     stand_ins = {name: types.ModuleType(name) for name in names}
     for name in names:
@@ -426,10 +429,32 @@ def load(names, progress=print) -> list[TableBuilder]:
     return found
 
 
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["fetch"]:
-        folder = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(".whl/peers")
+def main(argv=None) -> int:
+    """The builders' verdicts and semantics on one device, as markdown (tools/table_verdicts.py); or `fetch [DIR]`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["fetch"]:
+        folder = Path(argv[1]) if len(argv) > 1 else Path(".whl/peers")
         fetch_megatron_embeddings(folder)
-        print(f"wrote {sorted(str(p.relative_to(folder)) for p in folder.glob('megatron-core-0.19.2/embeddings/*'))}")
-    else:
-        print(__doc__)
+        written = folder.glob(f"{release('megatron-core')}/embeddings/*")
+        print(f"wrote {sorted(str(p.relative_to(folder)) for p in written)}")
+        return 0
+    import argparse
+
+    p = argparse.ArgumentParser(description="the table builders' verdicts and semantics (dsrope_gate.tables)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tf32", action="store_true", help="CUDA matmuls in TF32 (torch.backends.cuda.matmul.allow_tf32)")
+    p.add_argument("--slow", action="store_true", help="tables.SLOW_CASES (8 times the positions)")
+    p.add_argument("--builders", default="all", help="comma-separated projects of BUILDERS, or all")
+    args = p.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    device = torch.device(args.device)
+    cases = tables.SLOW_CASES if args.slow else tables.CASES
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"device {device} ({name}), torch {torch.__version__}, TF32 matmuls {'on' if args.tf32 else 'off'}")
+    found = load(args.builders.split(","), progress=lambda m: print(m, file=sys.stderr))
+    print(tables.render({b.name: tables.judge(b, cases, device) for b in found}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

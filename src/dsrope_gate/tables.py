@@ -492,3 +492,23 @@ def judge(builder: TableBuilder, cases=CASES, device=None) -> list[TableVerdict]
 def labels(verdicts: list[TableVerdict], threshold: float = 0.999) -> list[str]:
     """The semantics the builder's tables carry over the cases it took (classify)."""
     return classify([v.shares for v in verdicts if not v.refused and v.shares], threshold)
+
+
+def render(results: dict) -> str:
+    """Markdown: per builder and case the declared factor, the entries outside the model and the first of them,
+    then per builder the total outside and its semantics (results: builder name -> its verdicts)."""
+    rows = [
+        "| builder | case | attention factor | outside / entries | first outside |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    summary = ["| builder | outside over the cases | semantics |", "| --- | --- | --- |"]
+    for name, verdicts in results.items():
+        for v in verdicts:
+            if v.refused:
+                rows.append(f"| {name} | {v.case.name} | | refused: {v.refused} | |")
+            else:
+                cells = [name, v.case.name, f"{v.attention_factor:.6g}", f"{v.outside} / {v.elements}"]
+                rows.append("| " + " | ".join([*cells, v.first_violation[:160]]) + " |")
+        outside = sum(v.outside for v in verdicts)
+        summary.append(f"| {name} | {outside} | {', '.join(labels(verdicts)) or '(none)'} |")
+    return "\n".join(rows) + "\n\n" + "\n".join(summary)

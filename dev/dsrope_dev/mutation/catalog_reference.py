@@ -5,7 +5,7 @@ project can ship: each of these is a realistic slip the suite must catch."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_TABLES, REF_UTILS, mutant
+from dsrope_dev.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_TABLES, REF_UTILS, mutant
 
 FLOATS = [
     mutant(

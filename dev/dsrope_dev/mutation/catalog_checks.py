@@ -4,7 +4,7 @@ overlap check has its mutant in catalog_rope (rope.inplace_overlap_not_checked).
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import CHECKS, mutant
+from dsrope_dev.mutation import CHECKS, mutant
 
 MUTANTS = [
     mutant(

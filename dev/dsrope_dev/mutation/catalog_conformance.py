@@ -5,7 +5,7 @@ report's fields, where the elements outside the model are (violations) and the n
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import CALLING, DIAGNOSES, JUDGING, RENDER, VIOLATIONS, mutant
+from dsrope_dev.mutation import CALLING, DIAGNOSES, JUDGING, RENDER, VIOLATIONS, mutant
 
 MUTANTS = [
     mutant(

@@ -1,7 +1,7 @@
 """The gate's strength is part of its contract: a faster gate must not run fewer examples.
 
-Issue 18 made the gate faster by scheduling and thread counts only; these numbers are the examples
-per property each hypothesis profile runs (conftest.py), and no property test may lower them.
+These numbers are the examples per property each hypothesis profile runs (conftest.py), and no property
+test may lower them: the gate gets faster by scheduling and thread counts, never by fewer examples.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ function first, (function, old, new). Every `old` text must occur exactly once i
 moves or renames the code makes the mutant fail loudly (STALE) instead of silently testing nothing,
 and the kernels may use the same words for the same math. The catalog is data, one module per kernel
 file (catalog_rope, catalog_qnorm_rope, catalog_rope_utils, catalog_pair_rotation, catalog_tiles,
-catalog_checks); the runner (dsrope_gate.mutation.runner, `python -m tools.mutants`) copies the
+catalog_checks); the runner (dsrope_dev.mutation.runner, `python -m tools.mutants`) copies the
 checkout, applies one mutant and runs the suite on the copy. The judge's catalog is catalog_reference,
 catalog_semantics and catalog_conformance, built the same way.
 """

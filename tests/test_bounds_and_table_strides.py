@@ -1,5 +1,6 @@
-"""Tests the mutation gate (tools/mutants.py) asked for: each kills catalog faults that the rest of
-the suite catches only by luck or only slowly. They run first in every mutant's run.
+"""The kernels write nothing outside their outputs and read the tables through the tables' own strides:
+faults that the rest of the suite catches only by luck or only slowly (the mutation runner runs this
+module first in every mutant's run).
 
 No write outside the output (mutants rope.row_mask_missing, qnorm.row_mask_missing,
 rope.channel_mask_long). Without this test those faults write past the end of the output buffer

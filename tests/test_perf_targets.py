@@ -1,6 +1,7 @@
-"""The bench's targets (dsrope_gate.perf_targets): a row at its limit meets the target, a row one float step
+"""The bench's targets (dsrope_dev.perf_targets): a row at its limit meets the target, a row one float step
 past it is MISSED, and a number that was not measured (NaN) is MISSED. Exact: the values are ratios of
-times chosen so that the ratio is the limit itself (x / 1.0 == x) or its float neighbour."""
+times chosen so that the ratio is the limit itself (x / 1.0 == x) or its float neighbour. And the yardstick
+of the QNorm forward's prefill target (dsrope_dev.timing.rows_copy) copies the rows it should."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from dsrope_gate import perf_targets
+from dsrope_dev import perf_targets
 
 
 def decode_row(kernel, b, h, graph_ratio=1.0, compile_ratio=0.5, inplace_ratio=1.0):
@@ -113,7 +114,7 @@ def test_rows_copy_stores_x_rows_token_major(layout):
     forward's tile (on the device the suite runs on: a Triton launch on CPU tensors fails outside the interpreter)."""
     import torch
 
-    from bench.bench import rows_copy
+    from dsrope_dev.timing import rows_copy
     from dsrope_gate.inputs import DEVICE
 
     b, h, s, d = 2, 3, 5, 16

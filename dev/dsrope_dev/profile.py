@@ -1,7 +1,7 @@
 """Where the gate's time goes: a pytest plugin that splits each test's wall time.
 
-    python -m pytest -p dsrope_gate.profile ...          # writes out/gate-profile/<worker>.csv
-    python -m dsrope_gate.profile out/gate-profile     # the summary of those files
+    python -m pytest -p dsrope_dev.profile ...          # writes out/gate-profile/<worker>.csv
+    python -m dsrope_dev.profile out/gate-profile       # the summary of those files
 
 Per test (setup + call + teardown) it records the wall time, the number of Triton kernel compiles
 and the seconds spent in them (Triton's `compile`, a disk-cache hit included), and the seconds spent
@@ -23,10 +23,14 @@ from pathlib import Path
 
 import pytest
 
-OUT = Path(os.environ.get("GATE_PROFILE_OUT", "out/gate-profile"))
 _clock = {"compile_s": 0.0, "compiles": 0, "reference_s": 0.0}
 _compiles: list[dict] = []  # one entry per Triton compile: kernel, seconds, its specialization
 _depth = {"reference": 0}
+
+
+def out_folder() -> Path:
+    """Where the per-worker files go: $GATE_PROFILE_OUT, default out/gate-profile."""
+    return Path(os.environ.get("GATE_PROFILE_OUT", "out/gate-profile"))
 
 
 def _timed_compile(compile_fn):
@@ -141,11 +145,12 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_unconfigure(config):
     if not _rows:
         return
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = out_folder()
+    out.mkdir(parents=True, exist_ok=True)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with open(OUT / f"{worker}.compiles.jsonl", "w") as f:
+    with open(out / f"{worker}.compiles.jsonl", "w") as f:
         f.writelines(json.dumps(c) + "\n" for c in _compiles)
-    with open(OUT / f"{worker}.csv", "w", newline="") as f:
+    with open(out / f"{worker}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(_rows[0]))
         writer.writeheader()
         writer.writerows(_rows)
@@ -195,4 +200,4 @@ def summarize(folder: Path, top: int = 25) -> str:
 
 
 if __name__ == "__main__":
-    print(summarize(Path(sys.argv[1] if len(sys.argv) > 1 else OUT)))
+    print(summarize(Path(sys.argv[1]) if len(sys.argv) > 1 else out_folder()))

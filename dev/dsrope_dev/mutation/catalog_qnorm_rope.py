@@ -3,7 +3,7 @@ launchers, ops and autograd.Function. Each is a realistic fault the suite must k
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import QNORM, mutant
+from dsrope_dev.mutation import QNORM, mutant
 
 # The QNorm backward's partner and table lines (register swap and one table load per pair, as on the
 # forward's rotary tile).

@@ -1,4 +1,4 @@
-"""The performance targets the project holds (issue 36), and the check bench/bench.py applies to its rows.
+"""The performance targets the project holds, and the check bench/bench.py applies to its rows.
 
 A target is a limit on one number of one bench row: at most (a ratio of times) or at least (a share of
 copy bandwidth). A row at its limit meets it; one past it, or a number that was not measured (NaN), is
@@ -16,18 +16,12 @@ DECODE_COPY_RATIO = 1.15  # ours / copy_ of the same bytes under graph replay, p
 FLOOR_MARGIN = 1.05  # the QNorm forward may be this far over the measured floor of its row
 PREFILL_SHARE = {"partial_rope": 0.90, "qnorm_rope": 0.90}  # of copy bandwidth, every direction
 QNORM_FORWARD_SHARE = 0.95  # the QNorm forward's prefill rows
-BOUND_SHARE = 0.98  # or this share of its row's bound, where the bound itself is below QNORM_FORWARD_SHARE / this
+# or this share of its row's bound (timing.rows_copy, a copy in its addressing, timed in the same run) where
+# that is lower: a head-major row's copy reads below 0.95 of copy bandwidth (docs/records/*-tuning.md)
+BOUND_SHARE = 0.98
 
-# The QNorm forward's bound at prefill: a copy in its addressing (bench.bench.rows_copy: x read in its own
-# layout, rows stored token-major, at the forward's tile), timed in the same run. On an H100 (2026-12-06,
-# docs/decode.md "the prefill bound") such a copy read 0.941-0.944 of the copy bandwidth at 1 x 64 x 4096
-# head-major at every tile tried and no grid walk of the forward beat the shipped one: a forward at 0.95
-# there would beat the copy of its own addressing. Elsewhere the bound is above 0.969 and 0.95 holds.
-
-# The QNorm forward's floor at decode, docs/decode.md ("Best of each family", 2026-12-04, H200): the fastest
-# measured one-warp kernel that loads, reduces, scales and stores a row (no rotation, no rstd), over copy_
-# of the same bytes, per (B, H). A row has to finish its sum of squares before its first store, which a
-# copy does not; the target there is FLOOR_MARGIN times this floor where that is above DECODE_COPY_RATIO.
+# The QNorm forward's floor at decode per (B, H), over copy_ of the same bytes: a row must finish its sum of
+# squares before its first store, which a copy need not; the target is FLOOR_MARGIN times it (docs/records/*-tuning.md)
 QNORM_DECODE_FLOOR = {
     (1, 64): 1.18,
     (1, 128): 1.15,

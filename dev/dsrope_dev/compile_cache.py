@@ -10,15 +10,15 @@ specialization serialized (`specialization_data`: signature, constexprs, attribu
 `JITFunction.preload(specialization_data)` compiles exactly that specialization again (its own API for
 warming a cache). The suite records what it compiled (`record`, installed by conftest.py when
 `DSROPE_RECORD_SPECIALIZATIONS` names a folder); `merge` writes the union to a list that is
-committed (tests/triton_specializations.jsonl.gz, gzipped JSON lines: 830 specializations are 1.8 MB of
-text, mostly the same options; recorded on the H200 with the triton it runs); `warm` preloads that list
+committed (tests/triton_specializations.jsonl.gz, gzipped JSON lines: 1,036 specializations are 2.2 MB
+of text, mostly the same options; recorded on the H200 with the triton it runs); `warm` preloads that list
 when the installed triton is the one that recorded it. A stale list costs time, never correctness: a
 specialization it lacks is compiled by the test that needs it, one it has in excess is compiled for
 nothing, and the kernels' source is part of Triton's cache key, so an edited kernel is compiled from its
 new source.
 
-    python -m dsrope_gate.compile_cache warm tests/triton_specializations.jsonl.gz
-    python -m dsrope_gate.compile_cache merge out/specializations tests/triton_specializations.jsonl.gz
+    python -m dsrope_dev.compile_cache warm tests/triton_specializations.jsonl.gz
+    python -m dsrope_dev.compile_cache merge out/specializations tests/triton_specializations.jsonl.gz
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def merge(folder: Path, path: Path) -> tuple[int, int]:
     for part in sorted(folder.glob("*.jsonl")):
         for line in part.read_text().splitlines():
             recorded.setdefault(specialization_key(line), line)
-    header = json.dumps({"recorded_with_triton": triton.__version__, "by": "python -m dsrope_gate.compile_cache"})
+    header = json.dumps({"recorded_with_triton": triton.__version__, "by": "python -m dsrope_dev.compile_cache"})
     with _open(path, "w") as f:
         f.write(header + "\n" + "".join(recorded[k] + "\n" for k in sorted(recorded)))
     return len(recorded), len(set(recorded) - before)
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
         return 0
     if args.command == "missing":
         lacking = missing(args.folder, args.list)
-        refresh = f"python -m dsrope_gate.compile_cache merge {args.folder} {args.list}"
+        refresh = f"python -m dsrope_dev.compile_cache merge {args.folder} {args.list}"
         print(
             f"compile_cache: {lacking} specializations compiled by the tests are not in {args.list}"
             + (f" (they were compiled during the tests; to list them: {refresh})" if lacking else "")

@@ -3,7 +3,7 @@ autograd.Functions. Each is a realistic fault the suite must kill."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import ROPE, mutant
+from dsrope_dev.mutation import ROPE, mutant
 
 MUTANTS = [
     mutant(

@@ -4,7 +4,7 @@ not carry, tells a project the wrong thing about its code."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import SEMANTICS, TABLES, mutant
+from dsrope_dev.mutation import SEMANTICS, TABLES, mutant
 
 MUTANTS = [
     mutant(

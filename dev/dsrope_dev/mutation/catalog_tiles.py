@@ -3,7 +3,7 @@ realistic fault the suite must kill."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import TILES, mutant
+from dsrope_dev.mutation import TILES, mutant
 
 MUTANTS = [
     mutant(

@@ -3,7 +3,7 @@ a realistic fault the suite must kill."""
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import UTILS, mutant
+from dsrope_dev.mutation import UTILS, mutant
 
 MUTANTS = [
     mutant(

@@ -162,7 +162,7 @@ def correctly_rounded(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """v rounded once to nearest even, by numpy (float16, float32: its double conversions round once) and
     for bfloat16 by ml_dtypes from FP32 rounded to odd (FP32 keeps 16 bits more than bf16, so rounding to
     odd there and then to nearest even rounds once; ml_dtypes 0.6 converts float64 through float32 to
-    nearest, a double rounding: seen on the H200 host, 2026-12-04). Independent of the reference's
+    nearest, a double rounding: seen on the H200 host). Independent of the reference's
     arithmetic."""
     import ml_dtypes
     import numpy as np

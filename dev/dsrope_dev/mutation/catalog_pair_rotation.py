@@ -4,7 +4,7 @@ its compiled branch, and its interpreted branch is the rotation the kernels' own
 
 from __future__ import annotations
 
-from dsrope_gate.mutation import PAIR_ROTATION, mutant
+from dsrope_dev.mutation import PAIR_ROTATION, mutant
 
 MUTANTS = [
     mutant(

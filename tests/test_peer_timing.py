@@ -1,11 +1,12 @@
-"""The forward+backward table of `bench --backward` (dsrope_gate.peer_timing; the bench itself needs CUDA and
+"""The forward+backward table of `bench --backward` (dsrope_dev.peer_timing; the bench itself needs CUDA and
 tests never import it): which cells are not timed and why, and the markdown with its legend."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsrope_gate import peer_timing, presets
+from dsrope_dev import peer_timing
+from dsrope_gate import presets
 from dsrope_gate.inputs import ON_GPU
 from dsrope_gate.ops import PARTIAL_ROPE
 
@@ -26,7 +27,7 @@ def test_a_row_is_not_run_for_want_of_a_backward_or_past_2_31_with_32_bit_offset
 
 
 # the GPU host has no network: megatron-core's module would be fetched (pip download retries) where not carried
-@pytest.mark.skipif(ON_GPU, reason="the CPU suite's session installs the peers (noxfile.py)")
+@pytest.mark.skipif(ON_GPU, reason="noxfile.py's `tests` installs the peers on CPU")
 def test_the_presets_declarations_decide_their_cells():
     """sglang is forward only; megatron-core's kernel offsets are 32-bit, nemo-automodel's 64-bit (its kernel
     takes the program id as int64): the bench's largest shape runs the one and not the other."""

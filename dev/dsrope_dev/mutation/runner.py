@@ -1,13 +1,13 @@
-"""The mutation gate's runner (the catalog: dsrope_gate.mutation.catalog_*).
+"""The mutation gate's runner (the catalog: dsrope_dev.mutation.catalog_*).
 
 For each mutant the runner copies the tree (git's tracked and untracked-not-ignored files; in a tree
 that is no git checkout, every file but what .gitignore and DEFAULT_IGNORED list) into a scratch
-directory, applies the edit there and runs the suite on that copy, with the copy's src/
-and root first on the path and every path into the real checkout (an editable install's .pth, for
+directory, applies the edit there and runs the suite on that copy, with the copy's src/, reference/,
+dev/ and root first on the path and every path into the real checkout (an editable install's .pth, for
 one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
 mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
-stages: tests/test_mutant_guards.py and the mutated file's own test module, then, only if those
-pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
+stages: tests/test_bounds_and_table_strides.py and the mutated file's own test module, then, only if
+those pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
 the whole suite passed. Broken (a collection or import error) and crashed (pytest died of a
 signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
 forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
@@ -24,8 +24,8 @@ gpu-marked tests; an equivalent mutant carries the argument why it does not chan
 is listed, and is neither run nor counted (`--equivalent` runs them, to show they survive).
 
 Exit status: 0 when every counted mutant is killed; 1 when one survived, broke or crashed,
-when the unmutated copy fails, or when an edit is stale. The table and a JSON record go to
-out/mutants/.
+when the unmutated copy fails, or when an edit is stale. The checkout mutated is the current folder
+(--root names another); the table and a JSON record go to its out/mutants/ (--report names another).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsrope_gate.mutation import (
+from dsrope_dev.mutation import (
     CALLING,
     CHECKS,
     DIAGNOSES,
@@ -80,7 +80,6 @@ from dsrope_gate.mutation import (
     catalog_tiles,
 )
 
-ROOT = Path.cwd()  # the checkout to mutate: the runner runs from its root (nox, tools/mutants.py)
 CATALOG = (
     catalog_rope.MUTANTS
     + catalog_qnorm_rope.MUTANTS
@@ -99,9 +98,9 @@ HOME = {
     PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py"),  # swap_pairs, pair_table: their callers
     TILES: ("test_rope.py", "test_qnorm_rope.py"),
     CHECKS: ("test_custom_ops.py",),  # wants_autograd: forward-mode AD
-    REF_FLOATS: ("test_judge.py", "test_golden.py"),
-    REF_ROPE: ("test_judge.py", "test_golden.py"),
-    REF_QNORM: ("test_judge.py", "test_golden.py", "test_qnorm_rope.py"),
+    REF_FLOATS: ("test_error_model.py", "test_golden.py"),
+    REF_ROPE: ("test_error_model.py", "test_golden.py"),
+    REF_QNORM: ("test_error_model.py", "test_golden.py", "test_qnorm_rope.py"),
     REF_UTILS: ("test_yarn_edge_cases.py", "test_golden.py", "test_rope_utils.py"),
     SEMANTICS: ("test_semantics.py", "test_conformance.py"),
     REF_TABLES: ("test_tables.py", "test_table_builders.py"),
@@ -112,7 +111,7 @@ HOME = {
     VIOLATIONS: ("test_violations.py", "test_conformance.py"),
     DIAGNOSES: ("test_violations.py",),
 }
-FIRST = ("test_mutant_guards",)  # small and fast, runs before everything
+FIRST = ("test_bounds_and_table_strides",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
 
 
@@ -190,7 +189,7 @@ DEFAULT_IGNORED = (
 )
 
 
-def tree_files(root: Path = ROOT) -> list[str]:
+def tree_files(root: Path) -> list[str]:
     """The files a copy of the tree at `root` needs, relative to it: in a git checkout (root its top
     level), git's tracked and untracked-not-ignored files; in any other tree (an exported release, a
     copied checkout, no git installed), every file but what DEFAULT_IGNORED and root/.gitignore list."""
@@ -239,11 +238,11 @@ def ignored(path: str, is_dir: bool, patterns) -> bool:
     return False
 
 
-def copy_tree(dest: Path, files: list[str]) -> None:
+def copy_tree(root: Path, dest: Path, files: list[str]) -> None:
     for f in files:
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, target)
+        shutil.copy2(root / f, target)
 
 
 # Test modules that judge no kernel: the packaging test builds a venv from a git checkout (74 s; a scratch
@@ -278,10 +277,10 @@ def selected_tests(files: list[str], tests: str) -> list[str]:
     return [f for f in files if any(m in Path(f).name for m in modules)] + nodes
 
 
-def scratch_env(scratch: Path, gpu: bool) -> dict:
+def scratch_env(scratch: Path, gpu: bool, root: Path) -> dict:
     env = dict(os.environ)
-    # The scratch packages first; drop any path into the real checkout so it cannot shadow the copy.
-    keep = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if outside_checkout(p)]
+    # The scratch packages first; drop any path into the real checkout (root) so it cannot shadow the copy.
+    keep = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if outside_checkout(p, root)]
     env["PYTHONPATH"] = os.pathsep.join([*scratch_paths(scratch), *keep])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if gpu:
@@ -329,30 +328,29 @@ def parse_junit(path: Path):
 # child that imports dsrope, reference and tests fresh from its scratch copy. Starting torch and
 # triton is most of the cost of a short run, so this halves the gate's time on two cores.
 PRELOAD = ("torch", "triton", "triton.language", "numpy", "ml_dtypes", "mpmath", "hypothesis", "pytest", "safetensors")
-OWN = ("dsrope", "dsrope_gate", "dsrope_reference", "tests", "conftest", "tools", "golden")
+OWN = ("dsrope", "dsrope_gate", "dsrope_reference", "dsrope_dev", "tests", "conftest", "tools", "golden")
 
 
 def scratch_paths(scratch: Path) -> list[str]:
-    """The copy's packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference) and its root (tests)."""
-    return [str(scratch / "src"), str(scratch / "reference"), str(scratch)]
+    """The copy's packages (src/: dsrope, dsrope_gate; reference/: dsrope_reference; dev/: dsrope_dev) and its
+    root (tests)."""
+    return [str(scratch / "src"), str(scratch / "reference"), str(scratch / "dev"), str(scratch)]
 
 
 def warm_up() -> None:
     os.environ.update(TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     for name in PRELOAD:
         importlib.import_module(name)
-    # the runner itself (tools.mutants, dsrope_gate.mutation): the children forget it and import the copy's
-    leaked = sorted(
-        n for n in sys.modules if n.split(".")[0] in OWN and n.split(".")[0] not in ("dsrope_gate", "tools")
-    )
+    # the runner itself (tools.mutants, dsrope_dev.mutation): the children forget it and import the copy's
+    leaked = sorted(n for n in sys.modules if n.split(".")[0] in OWN and n.split(".")[0] not in ("dsrope_dev", "tools"))
     assert not leaked, f"project modules imported before the fork would shadow the scratch copy: {leaked}"
 
 
-def outside_checkout(p: str) -> bool:
-    return bool(p) and not Path(p).resolve().is_relative_to(ROOT)
+def outside_checkout(p: str, root: Path) -> bool:
+    return bool(p) and not Path(p).resolve().is_relative_to(root)
 
 
-def in_child(scratch: Path, gpu: bool, log_path: Path, run) -> None:
+def in_child(scratch: Path, gpu: bool, root: Path, log_path: Path, run) -> None:
     """Forked child: the scratch copy's env, cwd and sys.path, output to the log; never returns."""
     code = 70
     try:
@@ -361,10 +359,10 @@ def in_child(scratch: Path, gpu: bool, log_path: Path, run) -> None:
         os.dup2(fd, 2)
         os.chdir(scratch)
         os.environ.clear()
-        os.environ.update(scratch_env(scratch, gpu))
-        sys.path[:] = scratch_paths(scratch) + [p for p in sys.path if outside_checkout(p)]
+        os.environ.update(scratch_env(scratch, gpu, root))
+        sys.path[:] = scratch_paths(scratch) + [p for p in sys.path if outside_checkout(p, root)]
         for name in [n for n in sys.modules if n.split(".")[0] in OWN]:
-            del sys.modules[name]  # the runner's own dsrope_gate: the copy's is imported fresh
+            del sys.modules[name]  # the runner's own dsrope_dev: the copy's is imported fresh
         code = int(run())
     except BaseException:
         traceback.print_exc()
@@ -374,12 +372,12 @@ def in_child(scratch: Path, gpu: bool, log_path: Path, run) -> None:
         os._exit(code)
 
 
-def fork_and_wait(scratch: Path, gpu: bool, log_path: Path, run, timeout: float) -> int | None:
+def fork_and_wait(scratch: Path, gpu: bool, root: Path, log_path: Path, run, timeout: float) -> int | None:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        in_child(scratch, gpu, log_path, run)
+        in_child(scratch, gpu, root, log_path, run)
     deadline = time.monotonic() + timeout
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -405,13 +403,13 @@ def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Pat
     if fork:
         import pytest
 
-        return fork_and_wait(scratch, args.gpu, log_path, lambda: pytest.main(argv), args.timeout)
+        return fork_and_wait(scratch, args.gpu, args.root, log_path, lambda: pytest.main(argv), args.timeout)
     with open(log_path, "a") as log:
         try:
             return subprocess.run(
                 [sys.executable, "-m", "pytest", *argv],
                 cwd=scratch,
-                env=scratch_env(scratch, args.gpu),
+                env=scratch_env(scratch, args.gpu, args.root),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 timeout=args.timeout,
@@ -464,38 +462,38 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
 
 def canary_check(scratch: Path, args) -> str:
     """Prove that the scratch copy's dsrope is what runs, the same way the mutants run: plant a
-    marker in the copy and import it."""
+    marker in the copy and import it; and that the copy's dsrope_dev is the one imported."""
     marker = uuid.uuid4().hex
     init = scratch / "src" / "dsrope" / "__init__.py"
     original = init.read_text()
     init.write_text(original + f"\n_MUTANTS_CANARY = {marker!r}\n")
-    probe = "import dsrope; print(dsrope.__file__); print(getattr(dsrope, '_MUTANTS_CANARY', None))"
+    probe = "import dsrope, dsrope_dev; print(dsrope_dev.__file__, dsrope.__file__, dsrope._MUTANTS_CANARY)"
     log = scratch / "canary.log"
     try:
         if args.fork:
-            fork_and_wait(scratch, args.gpu, log, lambda: exec(probe) or 0, 300)
+            fork_and_wait(scratch, args.gpu, args.root, log, lambda: exec(probe) or 0, 300)
         else:
             with open(log, "w") as out:
                 subprocess.run(
                     [sys.executable, "-c", probe],
                     cwd=scratch,
-                    env=scratch_env(scratch, args.gpu),
+                    env=scratch_env(scratch, args.gpu, args.root),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     timeout=300,
                 )
     finally:
         init.write_text(original)
-    lines = log.read_text().split()
-    if len(lines) < 2 or lines[-1] != marker or not Path(lines[-2]).is_relative_to(scratch):
-        sys.exit(f"canary: the scratch copy's dsrope does not run: {log.read_text()[-2000:]}")
-    return lines[-2]
+    words = log.read_text().split()
+    if len(words) < 3 or words[-1] != marker or not all(Path(w).is_relative_to(scratch) for w in words[-3:-1]):
+        sys.exit(f"canary: the scratch copy's dsrope and dsrope_dev do not run: {log.read_text()[-2000:]}")
+    return words[-2]
 
 
 def run_mutant(m: Mutant) -> Result:
     args, files, base = JOB["args"], JOB["files"], JOB["base"]
     scratch = base / m.name
-    copy_tree(scratch, files)
+    copy_tree(args.root, scratch, files)
     target = scratch / m.file
     try:
         target.write_text(mutated_text(m, target.read_text()))
@@ -568,15 +566,18 @@ def main(argv=None) -> int:
         metavar="NODEID",
         help="leave a test out of every run (development only: a test the unmutated tree fails)",
     )
-    p.add_argument("--report", default=str(ROOT / "out" / "mutants"), help="where the table and JSON go")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="the checkout to mutate (default: this folder)")
+    p.add_argument("--report", type=Path, help="where the table and JSON go (default: ROOT/out/mutants)")
     args = p.parse_args(argv)
+    args.root = args.root.resolve()
+    args.report = args.report or args.root / "out" / "mutants"
     args.jobs = args.jobs or (1 if args.gpu else 2)
     args.fork = args.fork and not args.gpu  # CUDA runs start fresh: no CUDA state crosses a fork
 
     stale = []
     for m in catalog():
         try:
-            mutated_text(m, (ROOT / m.file).read_text())
+            mutated_text(m, (args.root / m.file).read_text())
         except Stale as e:
             stale.append(str(e))
         except FileNotFoundError:
@@ -603,7 +604,7 @@ def main(argv=None) -> int:
     matching = [m for m in catalog() if not wanted or any(w in m.name for w in wanted)]
     chosen = [m for m in matching if counted(m, args) or (args.equivalent and m.equivalent and not m.gpu_only)]
     skipped = [m for m in matching if m not in chosen]
-    files = tree_files()
+    files = tree_files(args.root)
     base = Path(tempfile.mkdtemp(prefix="dsrope-mutants-"))
     mode = "CUDA" if args.gpu else "CPU (Triton interpreter)"
     print(f"mutants: {len(chosen)} to run on {mode}, {len(files)} files per copy, scratch {base}", flush=True)
@@ -612,8 +613,8 @@ def main(argv=None) -> int:
         warm_up()
 
     baseline_dir = base / "_baseline"
-    copy_tree(baseline_dir, files)
-    print(f"canary: the scratch copy's dsrope runs ({canary_check(baseline_dir, args)})", flush=True)
+    copy_tree(args.root, baseline_dir, files)
+    print(f"canary: the scratch copy's dsrope and dsrope_dev run ({canary_check(baseline_dir, args)})", flush=True)
     if not args.no_baseline:
         # the unmutated copy as the gate runs it: a fresh interpreter, every job slot an xdist worker
         workers = 0 if args.gpu else args.jobs
@@ -656,7 +657,7 @@ def main(argv=None) -> int:
     for r in bad:
         print(f"{r.status.upper()} {r.mutant.name}: {r.mutant.what}; {r.reason} (log {r.log})")
 
-    report = Path(args.report)
+    report = args.report
     report.mkdir(parents=True, exist_ok=True)
     # a partial run (--only, --tests, --equivalent, --deselect) must not overwrite the full run's record
     partial = wanted or args.tests or args.equivalent or args.deselect
