@@ -346,3 +346,16 @@ def test_the_report_defines_every_label_it_prints(judged):
     text = render(list(results.values()), meta)
     printed = {label for r in results.values() for label in r["forward"]["semantics"]}
     assert printed and all(f"- `{label}`: {LABELS[label]}" in text for label in printed)
+
+
+def test_the_dtypes_whose_bits_carry_semantics_are_pinned(judged):
+    """qnorm_rope's fp32 bits carry its rstd's reduction order, not its roundings: bf16 and fp16 only;
+    partial_rope's every dtype. The judged cases carry semantics shares in exactly those dtypes."""
+    from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE
+
+    assert QNORM_ROPE.semantic_dtypes == ("bfloat16", "float16")
+    assert PARTIAL_ROPE.semantic_dtypes == ("bfloat16", "float16", "float32")
+    op, results, _ = judged
+    for direction in ("forward", "backward"):
+        cases = results["eager-chain"][direction]["cases"]
+        assert {c["dtype"] for c in cases if "shares" in c} == set(JUDGED[op].semantic_dtypes), direction

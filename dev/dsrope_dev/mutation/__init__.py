@@ -39,6 +39,13 @@ CALLING = "src/dsrope_gate/conformance/calling.py"
 RENDER = "src/dsrope_gate/conformance/render.py"
 VIOLATIONS = "src/dsrope_gate/conformance/violations.py"
 DIAGNOSES = "src/dsrope_gate/diagnoses.py"
+ISOLATION = "src/dsrope_gate/conformance/isolation.py"
+TESTING = "src/dsrope_gate/testing.py"
+PLUGIN = "src/dsrope_gate/pytest_plugin.py"
+PARITY = "src/dsrope_gate/parity.py"
+OPS = "src/dsrope_gate/ops.py"
+STRATEGIES = "src/dsrope_gate/strategies.py"
+CLI = "src/dsrope_gate/cli.py"
 
 
 @dataclass(frozen=True)

@@ -52,9 +52,14 @@ from pathlib import Path
 from dsrope_dev.mutation import (
     CALLING,
     CHECKS,
+    CLI,
     DIAGNOSES,
+    ISOLATION,
     JUDGING,
+    OPS,
     PAIR_ROTATION,
+    PARITY,
+    PLUGIN,
     QNORM,
     REF_FLOATS,
     REF_QNORM,
@@ -64,7 +69,9 @@ from dsrope_dev.mutation import (
     RENDER,
     ROPE,
     SEMANTICS,
+    STRATEGIES,
     TABLES,
+    TESTING,
     TILES,
     UTILS,
     VIOLATIONS,
@@ -110,6 +117,13 @@ HOME = {
     RENDER: ("test_conformance.py", "test_violations.py"),
     VIOLATIONS: ("test_violations.py", "test_conformance.py"),
     DIAGNOSES: ("test_violations.py",),
+    ISOLATION: ("test_isolation.py", "test_cli.py"),
+    TESTING: ("test_testing.py", "test_entry_points.py"),
+    PLUGIN: ("test_testing.py",),
+    PARITY: ("test_parity.py",),
+    OPS: ("test_conformance.py",),
+    STRATEGIES: ("test_strategies.py",),
+    CLI: ("test_cli.py", "test_isolation.py"),
 }
 FIRST = ("test_bounds_and_table_strides",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
@@ -132,20 +146,27 @@ class Stale(Exception):
 
 def function_spans(text: str) -> dict[str, tuple[int, int] | None]:
     """Qualified name ("_PartialRoPE.backward") -> (first, last) line, 1-based, of every function and
-    class in `text`, from its `def` or `class` line (decorators excluded) to its end; None for a name
-    defined twice."""
+    class in `text`, from its `def` or `class` line (decorators excluded) to its end, and of every
+    module-level assignment to one name (a record such as `QNORM_ROPE = Op(...)`); None for a name defined
+    twice."""
     spans: dict[str, tuple[int, int] | None] = {}
+
+    def add(name: str, node) -> None:
+        spans[name] = None if name in spans else (node.lineno, node.end_lineno)
 
     def walk(node, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = prefix + child.name
-                spans[name] = None if name in spans else (child.lineno, child.end_lineno)
-                walk(child, name + ".")
+                add(prefix + child.name, child)
+                walk(child, prefix + child.name + ".")
             else:
                 walk(child, prefix)
 
-    walk(ast.parse(text), "")
+    tree = ast.parse(text)
+    walk(tree, "")
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign) and [type(t) for t in statement.targets] == [ast.Name]:
+            add(statement.targets[0].id, statement)
     return spans
 
 
