@@ -17,6 +17,7 @@
 #           host without the git history BASELINE_SRC names a folder carried with the tree that holds REF's
 #           tree (e.g. git worktree add baseline REF, before the call)
 #   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode)
+#   fma     the unfused rotation's GPU tests and the bench before and after it (tools/gpu_fma.sh)
 #   tables  every table builder's verdicts and semantics on CUDA (python -m tools.table_verdicts; tables.md with
 #           FP32 matmuls, tables-tf32.md with TF32 ones), then the tables' GPU tests; the peers' pinned
 #           releases as for `parity`, with megatron-core's embedding modules in .whl/peers
@@ -103,6 +104,9 @@ for phase in "$@"; do
       (timeout "${SWEEP_LIMIT:-400}" python3 -m tools.sweep --out "$OUT/sweep" ${SWEEP_ARGS:---decode} > "$OUT/w.log" 2>&1
        echo "sweep rc $?" >> "$OUT/w.log")
       grep -E "^copy|best M=|launcher|sweep rc" "$OUT/w.log" > "$OUT/w.tail"; rm "$OUT/w.log"; fold_logs "$OUT/w.tail" ;;
+    # the unfused rotation's GPU tests and the bench before and after it (run `bash tools/gpu_fma.sh prepare`
+    # in the checkout first and carry .device/before)
+    fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
     tables)
       install_peers
       (timeout 240 python3 -m tools.table_verdicts --device cuda > "$OUT/tables.md" 2>&1; echo "tables rc $?" >> "$OUT/tables.md")
@@ -112,7 +116,7 @@ for phase in "$@"; do
       (timeout 300 python3 -m nox -s gpu-tests -- -q -rfE tests/test_table_builders.py tests/test_tables.py > "$OUT/tt.log" 2>&1
        echo "table-tests rc $?" >> "$OUT/tt.log")
       tail -8 "$OUT/tt.log" > "$OUT/tt.tail"; rm "$OUT/tt.log"; fold_logs "$OUT/tt.tail" ;;
-    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, tables)"; false ;;
+    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma, tables)"; false ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
 done
