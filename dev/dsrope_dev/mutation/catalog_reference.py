@@ -5,7 +5,7 @@ project can ship: each of these is a realistic slip the suite must catch."""
 
 from __future__ import annotations
 
-from dsrope_dev.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_UTILS, mutant
+from dsrope_dev.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_TABLES, REF_UTILS, mutant
 
 FLOATS = [
     mutant(
@@ -311,4 +311,91 @@ UTILS = [
     ),
 ]
 
-MUTANTS = FLOATS + ROPE + QNORM + UTILS
+TABLES = [
+    mutant(
+        "reference.tables.extremes_at_the_ends_only",
+        REF_TABLES,
+        "extremes",
+        "the extremes of cos and sin over an angle interval are taken at its ends only, not at pi/2 multiples",
+        ("for k in range(first, min(last, first + 3) + 1):", "for k in range(first, first):"),
+    ),
+    mutant(
+        "reference.tables.critical_points_every_pi",
+        REF_TABLES,
+        "extremes",
+        "the critical points are sought at multiples of pi instead of pi/2",
+        ("quarter = mpmath.pi / 2", "quarter = mpmath.pi"),
+    ),
+    mutant(
+        "reference.tables.three_quarters_looked_at",
+        REF_TABLES,
+        "extremes",
+        "only three consecutive quarter points are looked at: an interval holding four misses an extreme",
+        ("min(last, first + 3)", "min(last, first + 2)"),
+    ),
+    mutant(
+        "reference.tables.sin_extremes_swapped",
+        REF_TABLES,
+        "extremes",
+        "sin reaches -1 at pi/2 and +1 at 3 pi/2",
+        ("elif k % 4 == 1:", "elif k % 4 == 3:"),
+    ),
+    mutant(
+        "reference.tables.no_ulp_allowance",
+        REF_TABLES,
+        "evaluated",
+        "cos and sin are allowed no error beyond the angle interval: the platform's ulps dropped",
+        ("w = ulps * ulp(max(abs(low), abs(high)))", "w = 0 * ulp(max(abs(low), abs(high)))"),
+    ),
+    mutant(
+        "reference.tables.half_ulp_allowance",
+        REF_TABLES,
+        "ulp",
+        "the FP32 ulp taken one bit too fine (half the allowance)",
+        ("mpmath.frexp(v)[1] - 24", "mpmath.frexp(v)[1] - 25"),
+    ),
+    mutant(
+        "reference.tables.zero_widened",
+        REF_TABLES,
+        "evaluated",
+        "an exact zero (sin at angle 0) is widened like any other value",
+        ("if low == high == 0:", "if False:"),
+    ),
+    mutant(
+        "reference.tables.angles_at_the_reference_frequency",
+        REF_TABLES,
+        "angle_model",
+        "the angle interval ignores the FP32 frequency's error: every bound from the correctly rounded frequency",
+        ("for f in (freqs.ref, freqs.lo, freqs.hi)", "for f in (freqs.ref, freqs.ref, freqs.ref)"),
+    ),
+    mutant(
+        "reference.tables.attention_factor_not_applied",
+        REF_TABLES,
+        "scaled",
+        "the declared attention factor does not scale the bounds",
+        ("    if factor == 1:\n        return lo, hi\n", "    return lo, hi\n"),
+    ),
+    mutant(
+        "reference.tables.attention_factor_exact",
+        REF_TABLES,
+        "scaled",
+        "the FP32 rounding of the attention factor is not allowed for",
+        ("ends = (a * (1 - mpmath.mpf(U)), a * (1 + mpmath.mpf(U)))", "ends = (a, a)"),
+    ),
+    mutant(
+        "reference.tables.reference_unscaled",
+        REF_TABLES,
+        "table_model",
+        "the reference value leaves the attention factor out",
+        ('_to_fp32(factor * exact[name], "n")', '_to_fp32(exact[name], "n")'),
+    ),
+    mutant(
+        "reference.tables.yarn_never_applies",
+        REF_TABLES,
+        "yarn_length",
+        "the exact frequencies are YaRN-corrected only past the original length, as rope_utils' max_seq_len rule",
+        ('return int(rope_scaling["original_max_position_embeddings"]) + 1', "return 1"),
+    ),
+]
+
+MUTANTS = FLOATS + ROPE + QNORM + UTILS + TABLES
