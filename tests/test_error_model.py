@@ -33,11 +33,11 @@ from hypothesis import strategies as st
 
 from dsrope_gate.cases import Case, Drawn, Inputs, Seeded, Tables, Values
 from dsrope_gate.layouts import CONTIGUOUS
-from dsrope_gate.ops import DIRECTIONS, JUDGED, PARTIAL_ROPE
+from dsrope_gate.ops import DIRECTIONS, PARTIAL_ROPE, ROWS
 from dsrope_gate.strategies import cases
 
 DTYPES = ("bfloat16", "float16", "float32")
-OPS = list(JUDGED.values())
+OPS = list(ROWS.values())
 
 
 def model_of(op, direction: str, dtype: str):
@@ -298,7 +298,7 @@ def test_qnorm_model_allows_both_results_where_the_fp32_sum_may_overflow():
     x = v.expand(1, 1, 1, d).clone()
     cos, sin = torch.ones(1, 1, 32), torch.zeros(1, 1, 32)
     case = Case(name="band", shape=(1, 1, 1, d), rotary=32, dtype="float32", values=Seeded(0), eps=1e-6)
-    stages = JUDGED["qnorm_rope"].reference(case, Inputs(x, cos, sin, torch.ones_like(x)))
+    stages = ROWS["qnorm_rope"].reference(case, Inputs(x, cos, sin, torch.ones_like(x)))
     out, rstd = stages["out"], stages["rstd"]
     assert bool(accepted(torch.zeros(1, 1, 1, d), out).all()), "the overflowed kernel's zeros rejected"
     assert bool(accepted(out.ref.float(), out).all())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from dsrope_gate import conformance, presets
+from dsrope_gate import conformance, presets, table_builders
 from dsrope_gate.inputs import ON_GPU
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU expectations; the H200's are in docs/conformance.md")
@@ -218,47 +218,6 @@ def test_vllm_qnorm_rope_q_bits_are_the_q_parts_alone():
     assert torch.equal(q.view(2, 5, 3, 512).transpose(1, 2).view(torch.int16), out.view(torch.int16))
 
 
-def test_table_builders_of_vllm_and_transformers_agree_bit_for_bit_on_cpu():
-    """vLLM's cos_sin_cache and transformers' DeepseekV4RotaryEmbedding (x fp32), each given DeepSeek-V4's
-    config through its adapter, hold the same bits on CPU for a main layer (plain rope at 1e4) and a
-    compress layer (YaRN factor 16 over 65536 at 160000): an adapter that mapped theta, the YaRN dict or
-    the layer type wrongly would part them. Both are the rope at all: near position 0 they are within
-    4e-6 of the FP64 cos and sin (FP32 inverse frequencies within 2 ulp, angles p*f for p < 8: under 2e-6
-    of angle, plus the cos's own rounding). Our convention: FP32 [B, S, R], the pairs' entries first, the
-    rest NaN. transformers' bf16 builder is its FP32 tables rounded to bf16; vLLM refuses positions past
-    its cache (2**20 rows)."""
-    import torch
-
-    from dsrope_gate.inputs import angles
-
-    found = {b.name: b for b in presets.table_builders(["transformers", "vllm"], lambda msg: None)}
-    needed = ["transformers:DeepseekV4RotaryEmbedding(x fp32)", "vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache"]
-    if any(n not in found for n in needed):
-        pytest.skip(f"loaded only {sorted(found)}")
-    hf, vllm = (found[n].fn for n in needed)
-    bf16 = found["transformers:DeepseekV4RotaryEmbedding(x bf16)"].fn
-    g = torch.Generator().manual_seed(0)
-    positions = torch.stack(
-        (torch.arange(64), torch.arange(65536 - 32, 65536 + 32), torch.randint(0, 1 << 20, (64,), generator=g))
-    )
-    compress = dict(factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
-    for theta, scaling in ((10000.0, None), (160000.0, compress)):
-        ours = hf(positions, 64, theta, scaling)
-        for theirs in (vllm(positions, 64, theta, scaling), bf16(positions, 64, theta, scaling)):
-            assert all(t.shape == (3, 64, 64) and t.dtype == torch.float32 for t in theirs)
-            assert all(t[..., 32:].isnan().all() for t in (*ours, *theirs))
-        for a, b in zip(ours, vllm(positions, 64, theta, scaling), strict=True):
-            assert torch.equal(a[..., :32].view(torch.int32), b[..., :32].view(torch.int32))
-        for a, b in zip(ours, bf16(positions, 64, theta, scaling), strict=True):
-            assert torch.equal(a[..., :32].bfloat16().float(), b[..., :32])
-    near_zero = positions[:1, :8]
-    c64, s64 = angles(near_zero[..., None], 64)
-    for table, exact in zip(vllm(near_zero, 64, 10000.0, None), (c64, s64), strict=True):
-        assert (table[..., :32].double() - exact).abs().max() < 4e-6
-    with pytest.raises(ValueError, match="positions: their cache holds positions 0 to 1048575"):
-        vllm(torch.tensor([[1 << 20]]), 64, 10000.0, None)
-
-
 def test_a_release_is_refused_where_another_release_of_its_package_is_imported():
     """Two releases of one package cannot share a process: asking for transformers@5.23.0 where 5.17.0 is
     imported raises VersionConflict naming both (and changes nothing); a version that is not pinned is
@@ -278,12 +237,12 @@ def test_a_release_is_refused_where_another_release_of_its_package_is_imported()
 
 RELEASE_OUTPUTS = """
 import sys, torch
-from dsrope_gate import presets
+from dsrope_gate import presets, table_builders
 from dsrope_gate.inputs import tables, values
 
 said = []
 impls = presets.load([sys.argv[1]], "cpu", None, said.append)
-builders = presets.table_builders([sys.argv[1]], said.append)
+builders = table_builders.load([sys.argv[1]], said.append)
 if not impls or not builders:
     print("; ".join(said))
     sys.exit(3)
@@ -328,7 +287,7 @@ def test_a_release_pinned_beside_loads_in_a_fresh_process_and_5_23_gives_5_17s_b
     assert theirs["version"] == "5.23.0" and str(presets.CACHE / "transformers-5.23.0") in theirs["file"]
     names = sorted(k for k in theirs if k not in ("version", "file"))
     ours = {impl.name.partition(":")[2]: impl for impl in loaded_preset("transformers")}
-    builders = {b.name.partition(":")[2]: b for b in presets.table_builders(["transformers"], lambda msg: None)}
+    builders = {b.name.partition(":")[2]: b for b in table_builders.load(["transformers"], lambda msg: None)}
     assert names == sorted([*ours, *builders])
     from dsrope_gate.inputs import tables, values
 

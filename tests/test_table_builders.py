@@ -13,20 +13,27 @@ refusals) and the semantics each builder is classified with, as measured with to
 - transformers' DeepseekV3RotaryEmbedding and megatron-core's YarnRotaryEmbedding fold YaRN's attention factor
   into the table: their HF-convention ratio, 1.2773 on DeepSeek-V4's compress configuration (no mscale keys),
   declared by their adapters and judged against the scaled reference.
-A project whose pinned package is missing is skipped with the command that installs it.
+- vLLM's cos_sin_cache holds positions 0 to 2**20 - 1 (DeepSeek-V4's max_position_embeddings): it refuses the
+  far cases, which reach 2**20 (partial).
+Every verdict is the conformance command's (`--op rope_tables --preset all`, judged in this process once) and
+assert_conforms's; the builders that need CUDA are judged on the GPU (marked gpu). A project whose pinned package
+is missing is skipped with the command that installs it.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import pytest
 import torch
 
 from dsrope_gate import table_builders, tables
+from dsrope_gate.cli import main
 from dsrope_gate.presets import Missing
 from dsrope_gate.tables import CASES, CONTRACT
+from dsrope_gate.testing import assert_conforms
 
 NAMES = [case.name for case in CASES]
 YARN = [case.name for case in CASES if case.scaling is not None]
@@ -68,9 +75,16 @@ EXPECTED = {
     ),
     "megatron-core:RotaryEmbedding": (dict.fromkeys(PLAIN, 0) | dict.fromkeys(YARN, None), [CONTRACT]),
     "veomni:DeepseekV4RotaryEmbedding": (CONFORMS, ["yarn-reciprocal-product"]),
+    "vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache": (
+        CONFORMS | dict.fromkeys(("v4-main/far", "v4-compress/far", "v3/far", "ramp-clamped/far"), None),
+        ["yarn-reciprocal-product"],
+    ),
 }
+# a refusal names what the builder does not build
+REFUSALS = ("megatron-core's", "positions: their cache holds positions 0 to ")
 FOLDS_MSCALE = ("transformers:DeepseekV3RotaryEmbedding", "megatron-core:YarnRotaryEmbedding")
 ATLAS_FACTOR = 0.1 * math.log(16) + 1
+CASE = {case.name: case for case in CASES}
 
 
 @functools.cache
@@ -93,54 +107,100 @@ def builder(name: str):
     return loaded[name]
 
 
-@functools.cache
-def verdicts(name: str):
-    return tables.judge(builder(name))
+def verdict_of(outside: dict) -> str:
+    """The verdict of per-case counts of entries outside the model (None: refused)."""
+    if any(outside.values()):
+        return "does not conform"
+    return "partial" if None in outside.values() else "conforms"
+
+
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory) -> dict:
+    """Every builder's result through the conformance command (`--op rope_tables --preset all`, in this process:
+    each builder's own child is tests/test_table_op.py's), by name; the command's exit status under None."""
+    out = tmp_path_factory.mktemp("tables")
+    argv = ["--op", "rope_tables", "--preset", "all", "--in-process", "--out", str(out), "--json", str(out / "r.json")]
+    rc = main(argv)
+    results = json.loads((out / "r.json").read_text())["results"]
+    return {r["impl"]: r for r in results} | {None: rc}
+
+
+def forward(judged: dict, name: str) -> dict:
+    if name not in judged:
+        builder(name)  # skips with the reason its project did not load
+    return judged[name]["forward"]
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_builder_verdicts(name):
-    """Entries outside the model on each case, as measured; a refusal names what the builder does not build."""
+def test_builder_verdicts(judged, name):
+    """Entries outside the model on each case, as measured, and the verdict the command gives for them; a refusal
+    names what the builder does not build."""
     outside, _ = EXPECTED[name]
-    got = {v.case.name: (None if v.refused else v.outside) for v in verdicts(name)}
-    assert got == outside, {k: v for k, v in got.items() if v != outside[k]}
-    for v in verdicts(name):
-        assert (v.refused != "") == (outside[v.case.name] is None)
-        assert v.refused == "" or "megatron-core's" in v.refused
-        assert v.conforms == (outside[v.case.name] == 0)
-        assert v.elements == 2 * v.case.batch * v.case.seq * v.case.rotary // 2 or v.refused
+    record = forward(judged, name)
+    got = {c["case"]: c["outside_model"] for c in record["cases"]} | {n["case"]: None for n in record["not_run"]}
+    assert got == outside, {k: v for k, v in got.items() if v != outside.get(k)}
+    assert all(
+        n["status"] == "refused" and n["error"].split(": ", 1)[1].startswith(REFUSALS) for n in record["not_run"]
+    )
+    assert record["verdict"] == verdict_of(outside) and record["writes"] == []
+    assert all(c["elements"] == 2 * CASE[c["case"]].batch * CASE[c["case"]].seq * 32 for c in record["cases"])
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_builder_semantics(name):
+def test_builder_semantics(judged, name):
     _, expected = EXPECTED[name]
-    assert tables.labels(verdicts(name)) == expected
+    assert forward(judged, name)["semantics"] == expected
 
 
-def test_every_builder_is_pinned():
+def test_every_builder_is_pinned_and_the_command_fails_on_the_bf16_ones(judged):
     loaded = [name for name, b in builders().items() if isinstance(b, tables.TableBuilder)]
     assert sorted(loaded) == sorted(n for n in EXPECTED if n in loaded) and len(loaded) == len(EXPECTED)
+    assert sorted(n for n in judged if n is not None) == sorted(loaded)
+    assert judged[None] == 1  # some builder does not conform
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_assert_conforms_gives_each_builder_the_commands_verdict(name):
+    """assert_conforms on a TableBuilder (it declares its attention factor): passes where the command's verdict is
+    conforms, with the builder's semantics; fails with that verdict and the first entry outside otherwise."""
+    outside, labels = EXPECTED[name]
+    b = builder(name)
+    if verdict_of(outside) == "conforms":
+        result = assert_conforms(b, "rope_tables", semantics=labels)
+        assert result["impl"] == name and result["forward"]["semantics"] == labels and result["backward"] is None
+        return
+    with pytest.raises(AssertionError) as failure:
+        assert_conforms(b, "rope_tables")
+    text = str(failure.value)
+    assert text.startswith(f"{name} does not conform to rope_tables on cpu:\nrope_tables forward: "), text
+    assert verdict_of(outside) in text.splitlines()[1], text
+    if any(outside.values()):
+        first = next(case for case, n in outside.items() if n)
+        assert f"First entry outside the model: case {first!r}, " in text and "cos, sin = fn(positions" in text, text
 
 
 @pytest.mark.parametrize("name", FOLDS_MSCALE)
-def test_builders_that_fold_the_attention_factor_declare_it(name):
+def test_builders_that_fold_the_attention_factor_declare_it(judged, name):
     """Their HF-convention factor: 1.2773 on DeepSeek-V4's compress configuration (no mscale keys: HF's defaults
-    1 and 0), 1 on DeepSeek-V3 (mscale = mscale_all_dim = 1) and on plain tables; the table without the declared
-    factor would be outside the model (the verdicts above hold with it)."""
-    factors = {v.case.name: v.attention_factor for v in verdicts(name) if not v.refused}
+    1 and 0), 1 on DeepSeek-V3 (mscale = mscale_all_dim = 1) and on plain tables, named by the verdict; the table
+    without the declared factor would be outside the model (the verdicts above hold with it)."""
+    record = forward(judged, name)
+    factors = {c["case"]: c["attention_factor"] for c in record["cases"]}
     assert all(factors[n] == ATLAS_FACTOR for n in ("v4-compress/start", "v4-compress/far"))
     assert all(factors[n] == 1.0 for n in factors if n.startswith(("v3/", "v4-main/")))
-    compress = [v for v in verdicts(name) if v.case.name.startswith("v4-compress/")]
-    assert all(v.shares["mscale-ratio"] == 1.0 and v.shares["mscale-factor-only"] == 1.0 for v in compress)
+    assert record["attention_factors"] == {"v4-compress": ATLAS_FACTOR, "ramp-clamped": ATLAS_FACTOR}
+    compress = [c for c in record["cases"] if c["case"].startswith("v4-compress/")]
+    assert all(c["shares"]["mscale-ratio"] == 1.0 and c["shares"]["mscale-factor-only"] == 1.0 for c in compress)
     undeclared = tables.TableBuilder("undeclared", builder(name).fn)
-    assert all(v.outside > 0.9 * v.elements for v in tables.judge(undeclared, [v.case for v in compress]))
+    assert all(v.outside > 0.9 * v.elements for v in tables.judge(undeclared, [CASE[c["case"]] for c in compress]))
 
 
-def test_other_builders_fold_no_attention_factor():
+def test_other_builders_fold_no_attention_factor(judged):
     for name in EXPECTED:
-        if name.startswith(FOLDS_MSCALE):
+        if name.startswith(FOLDS_MSCALE) or name not in judged:
             continue
-        assert all(v.attention_factor == 1.0 for v in verdicts(name) if not v.refused), name
+        record = forward(judged, name)
+        assert all(c["attention_factor"] == 1.0 for c in record["cases"]) and record["attention_factors"] == {}, name
 
 
 def test_transformers_frequencies_anchor_the_yarn_labels():
@@ -175,3 +235,39 @@ def test_fp32_builders_conform_on_cuda(name):
     verdicts = tables.judge(builder(name), CASES, "cuda")
     assert all(v.conforms or v.refused for v in verdicts), [(v.case.name, v.first_violation) for v in verdicts]
     assert tables.labels(verdicts) == EXPECTED[name][1]
+
+
+def test_vllm_and_transformers_tables_agree_bit_for_bit_on_cpu():
+    """vLLM's cos_sin_cache and transformers' DeepseekV4RotaryEmbedding (FP32), each given DeepSeek-V4's config
+    through its adapter, hold the same bits on CPU for a main layer (plain rope at 1e4) and a compress layer (YaRN
+    factor 16 over 65536 at 160000): an adapter that mapped theta, the YaRN dict or the layer type wrongly would
+    part them. Both are the rope at all: near position 0 they are within 4e-6 of the FP64 cos and sin (FP32
+    inverse frequencies within 2 ulp, angles p*f for p < 8: under 2e-6 of angle, plus the cos's own rounding).
+    Our convention: FP32 [B, S, R], pair k's entry in k and k + R/2. transformers' bf16-activations builder is its
+    FP32 tables rounded to bf16; vLLM refuses positions past its cache (2**20 rows)."""
+    from dsrope_gate.inputs import angles
+
+    hf = builder("transformers:DeepseekV4RotaryEmbedding")
+    vllm = builder("vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache")
+    bf16 = builder("transformers:DeepseekV4RotaryEmbedding(bf16 activations)")
+    g = torch.Generator().manual_seed(0)
+    positions = torch.stack(
+        (torch.arange(64), torch.arange(65536 - 32, 65536 + 32), torch.randint(0, 1 << 20, (64,), generator=g))
+    )
+    compress = dict(factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
+    for theta, scaling in ((10000.0, None), (160000.0, compress)):
+        ours = hf(positions, 64, theta, scaling)
+        theirs = vllm(positions, 64, theta, scaling)
+        for table in (*ours, *theirs):
+            assert table.shape == (3, 64, 64) and table.dtype == torch.float32
+            assert torch.equal(table[..., 32:], table[..., :32])
+        for a, b in zip(ours, theirs, strict=True):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        for a, b in zip(ours, bf16(positions, 64, theta, scaling), strict=True):
+            assert torch.equal(a.bfloat16().float(), b)
+    near_zero = positions[:1, :8]
+    c64, s64 = angles(near_zero[..., None], 64)
+    for table, exact in zip(vllm(near_zero, 64, 10000.0, None), (c64, s64), strict=True):
+        assert (table[..., :32].double() - exact).abs().max() < 4e-6
+    with pytest.raises(NotImplementedError, match="positions: their cache holds positions 0 to 1048575"):
+        vllm(torch.tensor([[1 << 20]]), 64, 10000.0, None)

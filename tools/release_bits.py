@@ -47,7 +47,7 @@ def outputs(spec: str, device: str) -> dict:
     `device`; the outputs come back on CPU)."""
     import torch
 
-    from dsrope_gate import presets
+    from dsrope_gate import presets, table_builders
     from dsrope_gate.inputs import tables, values
 
     preset = spec.partition("@")[0]
@@ -65,7 +65,7 @@ def outputs(spec: str, device: str) -> dict:
         for impl in impls:
             args = (x, cos, sin, 64, 1e-6) if impl.op.name == "qnorm_rope" else (x, cos, sin, 64)
             out[f"{impl.name.partition(':')[2]} {str(dtype)[6:]}"] = impl.fn(*args).detach().cpu()
-    for builder in presets.table_builders([spec], lambda msg: print(msg, file=sys.stderr)):
+    for builder in table_builders.load([spec], lambda msg: print(msg, file=sys.stderr)):
         for case, (theta, scaling) in TABLE_CASES.items():
             c, s = builder.fn(positions().to(device), 64, theta, scaling)
             name = builder.name.partition(":")[2]

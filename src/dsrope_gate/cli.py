@@ -17,18 +17,26 @@ import time
 import traceback
 from pathlib import Path
 
-from dsrope_gate import semantics
+from dsrope_gate import semantics, tables
 from dsrope_gate.cases import DTYPES
 from dsrope_gate.conformance import EXAMPLES, TIMEOUT, Target
-from dsrope_gate.ops import JUDGED
+from dsrope_gate.ops import JUDGED, op_named
 
-DESCRIPTION = "Judge any implementation of qnorm_rope or partial_rope against the contract, element by element."
+DESCRIPTION = (
+    "Judge any implementation of qnorm_rope, partial_rope or rope_tables against the contract, element by element; "
+    "compare pipelines (a project's tables, then its q path) bit by bit."
+)
 
-# the labels the report can print: each semantics' (dsrope_gate.semantics), and the two words for none
-LABELS = semantics.LABELS | {
-    "no known semantics": "no emulation agrees with 99.9% of the elements on every evidence case",
-    "nothing judged": "no element was judged: no semantics claimed",
-}
+# the labels the report can print: each semantics' (dsrope_gate.semantics, dsrope_gate.tables), and the two words
+# for none
+LABELS = (
+    semantics.LABELS
+    | tables.LABELS
+    | {
+        "no known semantics": "no emulation agrees with 99.9% of the elements on every evidence case",
+        "nothing judged": "no element was judged: no semantics claimed",
+    }
+)
 VERDICT_MEANING = {
     "conforms": "every case ran and no element lies outside the error model",
     "does not conform": "an element outside the model, a write into an input, or a wrong shape/dtype/None returned",
@@ -68,7 +76,13 @@ def epilog() -> str:
         "x [B, H, S, D] of any strides, dtype bf16/fp16/fp32; cos, sin FP32 [B, S, R]; the trailing R channels",
         "rotated as interleaved pairs (docs/contract.md). It runs on the default case set: the canonical",
         "DeepSeek-V4/V3 cases, the golden inputs, one probe per layout class and the seeded sweep; the backward",
-        "through autograd when the output has a grad_fn.",
+        "through autograd when the output has a grad_fn. A table builder (rope_tables) takes positions int64",
+        "[B, S] and returns cos, sin FP32 [B, S, R] (entries k < R/2 judged), on dsrope_gate.tables.CASES; a",
+        "dsrope_gate.tables.TableBuilder declares the attention factor it folds in (--preset NAME: its builders).",
+        "",
+        "--pipeline NAME (a preset, or NAME@VERSION): its table builder, then its q path (its qnorm_rope, else the",
+        "contract's norm then its partial_rope), from the same positions; the pipelines' matrix says per pair where",
+        "their bits part first: tables, norm, rotation or nowhere (dsrope_gate.pipelines).",
         "",
         "Verdict, per direction (forward, backward):",
     ]
@@ -108,10 +122,22 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = ap.add_argument
-    add("--op", choices=tuple(JUDGED), action="append", help="the op(s) to judge (default: both where given presets)")
+    add(
+        "--op",
+        choices=tuple(JUDGED),
+        action="append",
+        help="the op(s) to judge (default where given presets: qnorm_rope and partial_rope)",
+    )
     add("--impl", action="append", default=[], help="module.path:callable or path/to/file.py:callable; repeatable")
     add("--in-place", action="store_true", help="every --impl rotates x itself: what it writes into x is judged")
     add("--preset", action="append", default=[], help="a preset (dsrope_gate.presets), or 'all'; repeatable")
+    add(
+        "--pipeline",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a pipeline (dsrope_gate.pipelines: a preset's tables and q path), NAME or NAME@VERSION; repeatable",
+    )
     add("--against", help="a second implementation to compare each with, element by element")
     add("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when visible, else cpu")
     add("--examples", type=non_negative, default=EXAMPLES, help=f"hypothesis-drawn cases per op (default {EXAMPLES})")
@@ -150,8 +176,10 @@ def main(argv=None) -> int:
         ap.error("--against does not combine with --parity: the parity matrix already compares every pair")
     if args.impl and not args.op:
         ap.error("--impl needs --op")
-    if not args.impl and not args.preset:
-        ap.error("nothing to judge: give --impl (with --op) or --preset")
+    if not args.impl and not args.preset and not args.pipeline:
+        ap.error("nothing to judge: give --impl (with --op), --preset or --pipeline")
+    if args.pipeline and (args.impl or args.preset or args.against):
+        ap.error("--pipeline compares pipelines alone: judge --impl and --preset in a run of their own")
     from dsrope_gate.diagnoses import check_accepted
 
     try:
@@ -200,9 +228,15 @@ def list_presets(names, device, ops):
     skipped = []
     listed = []
     chosen = list(presets.PRESETS) if "all" in names else list(dict.fromkeys(names))
+    own = {op: op_named(op).own_judge() for op in ops or ()}
+    rows = None if ops is None else [op for op in ops if own[op] is None]
     for preset in chosen:
-        for impl in presets.load([preset], device, ops, skipped.append):
-            listed.append((preset, impl.name, impl.op.name))
+        if rows is None or rows:
+            for impl in presets.load([preset], device, rows, skipped.append):
+                listed.append((preset, impl.name, impl.op.name))
+        for op, judge in own.items():  # an op with machinery of its own lists its presets' entries there
+            if judge:
+                listed += [(p, name, op) for p, name, _ in judge.preset_entries([preset], skipped.append)]
     return listed, skipped
 
 
@@ -222,6 +256,8 @@ def judge(args) -> int:
     def progress(msg):
         print(f"[{time.time() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
+    if args.pipeline:
+        return judge_pipelines(args, device, progress)
     jobs: dict[str, list[Target]] = {}
     for spec in args.impl:
         check_spec(spec)
@@ -240,8 +276,13 @@ def judge(args) -> int:
         if isolate:
             listed = preset_targets(args.preset, device, args.op, progress)
         else:
-            loaded = presets.load(args.preset, device, args.op, progress)
+            own = {op: op_named(op).own_judge() for op in args.op or ()}
+            rows = None if args.op is None else [op for op in args.op if own[op] is None]
+            loaded = presets.load(args.preset, device, rows, progress) if rows is None or rows else []
             listed = [(impl.op.name, Target(impl.name, fn=impl.fn)) for impl in loaded]
+            for op, judge in own.items():
+                if judge:
+                    listed += [(op, Target(name, fn=fn)) for _, name, fn in judge.preset_entries(args.preset, progress)]
         for op, target in listed:
             jobs.setdefault(op, []).append(target)
     if not jobs:
@@ -256,6 +297,29 @@ def judge(args) -> int:
     meta = metas[0] | {"cases": "/".join(str(m["cases"]) for m in metas)}
     write_reports(results, metas, meta, args)
     return exit_status(results)
+
+
+def judge_pipelines(args, device, progress) -> int:
+    """--pipeline: each pipeline in a child of its own on the pipelines' cases, then their matrix (pipelines.md,
+    pipelines.json in --out); exit 0 where every pipeline ran every case."""
+    from dsrope_gate import pipelines, presets
+    from dsrope_gate.conformance import run_meta
+
+    if args.in_process:
+        raise UsageError("--pipeline runs each pipeline in a child of its own (two releases cannot share one)")
+    for name in args.pipeline:
+        base, at, version = name.partition("@")
+        if base not in pipelines.PIPELINES:
+            raise UsageError(f"--pipeline: unknown {name!r}; known: {', '.join(pipelines.PIPELINES)}")
+        if at and version not in presets.releases(base):
+            raise UsageError(f"--pipeline {name}: {base}'s pinned releases are {presets.releases(base) or 'none'}")
+    each_case = progress if args.verbose else None
+    results, outputs = pipelines.run(args.pipeline, device, args.timeout, progress, each_case)
+    rows = pipelines.pairs(results, outputs)
+    loaded = [r for r in results if "device_name" in r]
+    meta = run_meta(loaded, pipelines.CASES, 0, 0, "pipeline cases: dsrope_gate.pipelines.CASES", True)
+    print(pipelines.write(rows, results, meta, args.out, args.json, progress))
+    return pipelines.exit_status(results)
 
 
 def check_spec(spec: str) -> None:

@@ -6,12 +6,15 @@ can give (dsrope_gate.diagnoses).
 
 Everything that depends on which op is judged reads it from its record; no other module branches on an
 op's name. `JUDGED` holds the ops an implementation of the contract's signature can be judged on
-(docs/contract.md); the DeepSeek-V3 rotations are judged on their golden cases (verify, the golden
-store) with their own signature.
+(docs/contract.md): the two on rows of x (`ROWS`) and rope_tables, whose own machinery (its cases, its
+call, its judge: `own_judge_module`) the conformance package dispatches to; the DeepSeek-V3 rotations are
+judged on their golden cases (verify, the golden store) with their own signature; a pipeline (tables then
+a q path) is compared with other pipelines (dsrope_gate.pipelines).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,9 +46,18 @@ class Op:
     eager: Callable | None = None  # the eager chain of stock torch ops the contract equals (dsrope_gate.differential)
     # direction -> the named causes of elements outside the model a report can give (dsrope_gate.diagnoses)
     diagnoses: dict = field(default_factory=dict)
+    # the module that judges an implementation of this op where the row ops' machinery (conformance.calling,
+    # judging) does not: its collect_cases, load_preset, preset_names, call, run_impl, pairs, first_violation_lines
+    own_judge_module: str = ""
+    directions: tuple[str, ...] = tuple(DIRECTIONS)  # what an implementation is judged in (a table: forward only)
 
     def __str__(self) -> str:
         return self.name
+
+    def own_judge(self):
+        """The module of own_judge_module, or None for an op judged by the row ops' machinery (imported by name:
+        that machinery imports this module)."""
+        return importlib.import_module(self.own_judge_module) if self.own_judge_module else None
 
 
 # --- DeepSeek-V4: Q RMSNorm + partial RoPE, partial RoPE ----------------------------------------------------
@@ -147,8 +159,59 @@ V3_HALF_SPLIT = Op(
     dsrope="dsrope.rope_utils:apply_rotary_emb_half_split",
 )
 
-OPS = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE, V3_INTERLEAVED, V3_HALF_SPLIT)}
-JUDGED = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE)}
+# --- rope tables, and the whole q path from positions (dsrope_gate.tables, dsrope_gate.pipelines) -------------
+
+
+def _tables_reference(case, positions) -> dict:
+    """The contract's FP32 tables (fp32-elementwise, no attention factor, the CPU's allowances): cos and sin
+    Models [B, S, R/2]. A builder that declares a factor is judged against the model scaled by it."""
+    from dsrope_reference.rope_tables import CPU_ULPS
+
+    from dsrope_gate.tables import reference_model
+
+    cos, sin = reference_model(case, 1.0, CPU_ULPS)
+    return {"cos": cos, "sin": sin}
+
+
+def _table_emulations() -> dict:
+    from dsrope_gate.tables import EMULATIONS, emulation_builder
+
+    return {label: emulation_builder(label) for label in EMULATIONS}
+
+
+ROPE_TABLES = Op(
+    name="rope_tables",
+    signature="rope_tables(positions, rotary, theta, rope_scaling)",
+    call=lambda fn, case, positions, inputs: fn(positions, case.rotary, case.theta, case.rope_scaling),
+    reference=_tables_reference,
+    stages=("cos", "sin"),
+    dsrope="dsrope_gate.table_builders:dsrope_tables",
+    emulations={"forward": _table_emulations()},
+    contract={"forward": "fp32-elementwise"},
+    semantic_dtypes=("float32",),
+    own_judge_module="dsrope_gate.conformance.rope_tables",
+    directions=("forward",),
+)
+
+# A pipeline (dsrope_gate.pipelines): a project's table builder, then its q path on those tables and on the
+# contract's; compared with other pipelines from the same positions, never judged against a reference alone.
+PIPELINE = Op(
+    name="pipeline",
+    signature="pipeline(positions, x, reference_cos, reference_sin, rotary, theta, rope_scaling, eps)",
+    call=lambda fn, case, x, inputs: fn(
+        inputs.positions, x, inputs.cos, inputs.sin, case.rotary, case.theta, case.rope_scaling, case.eps
+    ),
+    reference=lambda case, inputs: {},
+    stages=(),
+    dsrope="",  # dsrope's pipeline: dsrope_gate.pipelines.PIPELINES["dsrope"]
+    own_judge_module="dsrope_gate.pipelines",
+    directions=("forward",),
+)
+
+OPS = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE, V3_INTERLEAVED, V3_HALF_SPLIT, ROPE_TABLES, PIPELINE)}
+JUDGED = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE, ROPE_TABLES)}
+# the ops on the rows of x [B, H, S, D] (cases of dsrope_gate.cases, references of dsrope_reference per row)
+ROWS = {op.name: op for op in (QNORM_ROPE, PARTIAL_ROPE)}
 
 
 def op_named(name: str | Op) -> Op:

@@ -41,24 +41,40 @@ def reason(labels_a: list[str] | None, labels_b: list[str] | None) -> str:
     return f"{named(only_a)} vs {named(only_b)}"
 
 
+def columns(op, cases) -> dict:
+    """Case name -> its column in the matrix, (dtype, kind): the row ops' dtype (kind None); an op with machinery
+    of its own names a kind per case (rope_tables: the configuration, its tables FP32)."""
+    own = op.own_judge()
+    if own:
+        return {p.case.name: ("float32", own.case_kind(p.case)) for p in cases}
+    return {p.case.name: (p.case.dtype, None) for p in cases}
+
+
 def pairs(results: list[dict], outputs: list[dict], cases) -> list[dict]:
-    """One row per pair of implementations, direction and dtype: bitwise-equal share, max ulp, reason."""
-    dtype_of = {p.case.name: p.case.dtype for p in cases}
+    """One row per pair of implementations, direction and dtype (and case kind where the op names one):
+    bitwise-equal share, max ulp, reason."""
+    if not results:
+        return []
+    op = op_named(results[0]["op"])
+    column_of = columns(op, cases)
+    order = [(dtype, None) for dtype in DTYPES] if not op.own_judge_module else sorted(set(column_of.values()))
     rows = []
     for (ra, oa), (rb, ob) in itertools.combinations(zip(results, outputs, strict=True), 2):
-        for direction in DIRECTIONS:
-            for dtype in DTYPES:
+        for direction in op.directions:
+            for column in order:
+                dtype, kind = column
                 row = {"op": ra["op"], "direction": direction, "dtype": dtype, "a": ra["impl"], "b": rb["impl"]}
+                row |= {"kind": kind} if kind is not None else {}
                 row |= {"elements": 0, "cases": 0, "bitwise_equal": None, "max_ulp": None}
                 missing = [r["impl"] for r in (ra, rb) if r[direction] is None]
                 if missing:
                     rows.append(row | {"reason": f"no backward: {', '.join(missing)} forward only"})
                     continue
-                in_dtype = {name: out for name, out in oa.items() if dtype_of[name] == dtype}
-                compared = against(in_dtype, ob)[direction]
+                in_column = {name: out for name, out in oa.items() if column_of[name] == column}
+                compared = against(in_column, ob)[direction]
                 if compared is None:
-                    if any(dtype_of[name] == dtype for name in dtype_of):
-                        rows.append(row | {"reason": "no case of this dtype ran on both"})
+                    if column in column_of.values():
+                        rows.append(row | {"reason": f"no case of this {'kind' if kind else 'dtype'} ran on both"})
                     continue
                 row["cases"] = len(compared["cases"])
                 row["elements"] = sum(c["elements"] for c in compared["cases"])
@@ -68,14 +84,16 @@ def pairs(results: list[dict], outputs: list[dict], cases) -> list[dict]:
                 row["reason"] = reason(by_dtype_a.get(dtype), by_dtype_b.get(dtype))
                 # the semantics are read on normal values only: a pair may share them and still differ where
                 # one of the two leaves the error model (sglang's batched overrun on drawn cases of R not a power of 2)
-                row["outside_a"], row["outside_b"] = (outside(r[direction], dtype) for r in (ra, rb))
+                row["outside_a"], row["outside_b"] = (outside(r[direction], dtype, kind) for r in (ra, rb))
                 rows.append(row)
     return rows
 
 
-def outside(record: dict, dtype: str) -> int:
-    """The elements of one direction's cases of `dtype` outside the reference's error model."""
-    return sum(c["outside_model"] for c in record["cases"] if c["dtype"] == dtype)
+def outside(record: dict, dtype: str, kind: str | None = None) -> int:
+    """The elements of one direction's cases of `dtype` (and `kind`, where given) outside the reference's model."""
+    return sum(
+        c["outside_model"] for c in record["cases"] if c["dtype"] == dtype and (kind is None or c["kind"] == kind)
+    )
 
 
 def parity(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, isolate=False,
@@ -126,15 +144,21 @@ def render(rows: list[dict], results: list[dict], metas: list[dict]) -> str:
         panels.setdefault((row["op"], row["direction"]), []).append(row)
     for (op, direction), group in panels.items():
         lines += ["", f"## {op} {direction}", ""]
-        lines.append("| A | B | dtype | bitwise equal | max ulp | reason | outside the model (A / B) |")
+        header = "case kind" if "kind" in group[0] else "dtype"
+        lines.append(f"| A | B | {header} | bitwise equal | max ulp | reason | outside the model (A / B) |")
         lines.append("|---|---|---|---|---|---|---|")
         for row in group:
             out = f"{row['outside_a']} / {row['outside_b']}" if "outside_a" in row else "-"
             lines.append(
-                f"| `{row['a']}` | `{row['b']}` | {SHORT[row['dtype']]} | {share_text(row['bitwise_equal'])} | "
+                f"| `{row['a']}` | `{row['b']}` | {column_text(row)} | {share_text(row['bitwise_equal'])} | "
                 f"{ulp_text(row['max_ulp'])} | {row['reason']} | {out} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def column_text(row: dict) -> str:
+    """A row's column: its case kind where the op names one (rope_tables), else its dtype."""
+    return row.get("kind") or SHORT[row["dtype"]]
 
 
 def short(name: str, width: int = 42) -> str:
@@ -160,7 +184,8 @@ def picture(rows: list[dict], path) -> None:
     for row in rows:
         if row["bitwise_equal"] is None:  # forward only, or no case ran on both: the markdown says which
             continue
-        panels.setdefault((row["op"], row["direction"]), {}).setdefault((row["a"], row["b"]), {})[row["dtype"]] = row
+        by_pair = panels.setdefault((row["op"], row["direction"]), {})
+        by_pair.setdefault((row["a"], row["b"]), {})[column_text(row)] = row
     heights = [len(p) + 1.5 for p in panels.values()]
     fig, axes = plt.subplots(
         len(panels),
@@ -172,18 +197,20 @@ def picture(rows: list[dict], path) -> None:
     axes = axes[:, 0]
     for ax, ((op, direction), by_pair) in zip(axes, panels.items(), strict=True):
         names = [f"{short(a)}  vs  {short(b)}" for a, b in by_pair]
-        grid = [[(cells.get(dtype) or {}).get("bitwise_equal") for dtype in DTYPES] for cells in by_pair.values()]
+        found = {column for cells in by_pair.values() for column in cells}
+        shown = [SHORT[d] for d in DTYPES] if found <= set(SHORT.values()) else sorted(found)
+        grid = [[(cells.get(column) or {}).get("bitwise_equal") for column in shown] for cells in by_pair.values()]
         values = [[float("nan") if v is None else v for v in row] for row in grid]
         ax.imshow(values, cmap=ListedColormap(COLOURS), norm=BoundaryNorm(BINS, len(COLOURS)), aspect="auto")
         for i, cells in enumerate(by_pair.values()):
-            for j, dtype in enumerate(DTYPES):
-                row = cells.get(dtype)
+            for j, column in enumerate(shown):
+                row = cells.get(column)
                 text = "-" if row is None else share_text(row["bitwise_equal"])
                 if row is not None and row["max_ulp"]:
                     ulp = ulp_text(row["max_ulp"])
                     text += f"  ({ulp if ulp.startswith('NaN') else ulp + ' ulp'})"
                 ax.text(j, i, text, ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(DTYPES)), [SHORT[d] for d in DTYPES])
+        ax.set_xticks(range(len(shown)), shown)
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.xaxis.tick_top()
         ax.set_title(f"{op} {direction}: share of bitwise-equal elements (max ulp apart)", fontsize=10, pad=18)

@@ -6,8 +6,8 @@ onto theirs: x [B, H, S, D] of any strides, cos/sin FP32 [B, S, R] whose first R
 (theirs take R/2-entry, complex, batch-less or duplicated tables), the trailing R channels rotated as
 interleaved pairs. Their math is never changed: where their function is in place it runs on a copy of x
 in token-major storage and the copy is returned; where it has no backward of its own the result carries
-no grad_fn (the command then reports the forward only). Table builders (TableBuilder, `table_builders`)
-give the rope tables a project builds from positions, in our table convention.
+no grad_fn (the command then reports the forward only). The rope tables a project builds from positions are
+its table builders (dsrope_gate.table_builders, under the same preset names).
 
 Where a package cannot be imported whole without its heavy runtime, the adapter loads its one module:
 sglang (a serving runtime) from the installed distribution's file, flash-attn (an sdist that builds a
@@ -44,10 +44,6 @@ from dsrope_gate.pins import PINS, release, version
 from dsrope_gate.targets import load_module
 
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
-# DeepSeek-V4's max_position_embeddings (transformers' DeepseekV4Config default, the released checkpoints'
-# value), in the configs the table builders are given: vLLM's main layers take their YaRN correction range
-# (factor 1) from it and, times the factor, the rows of every cache it builds.
-DEEPSEEK_V4_MAX_POSITIONS = 1048576
 
 
 @dataclass(frozen=True)
@@ -73,19 +69,6 @@ class Implementation:
     prepare_in_place: Callable | None = None
     backward: str | None = None
     offsets_32bit: bool = False
-
-
-@dataclass(frozen=True)
-class TableBuilder:
-    """One preset's rope table builder, for the rope_tables op: fn(positions int64 [B, S], rotary, theta,
-    rope_scaling) -> (cos, sin) FP32 [B, S, R] whose first R/2 entries are the pairs' (the rest NaN, as
-    dsrope_gate.inputs.tables makes them). rope_scaling is None (plain rope at theta) or DeepSeek's YaRN
-    dict (factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim).
-    attention_factor: the factor its cos/sin carry when rope_scaling is given (1.0: none folded in)."""
-
-    name: str
-    fn: Callable
-    attention_factor: float = 1.0
 
 
 class Missing(Exception):
@@ -170,15 +153,6 @@ def _token_major_copy(x):
     return x.detach().transpose(1, 2).clone(memory_format=torch.contiguous_format)
 
 
-def _our_tables(cos_half, sin_half):
-    """FP32 [B, S, R] in our table convention from the pairs' [B, S, R/2] entries: the rest NaN, as
-    dsrope_gate.inputs.tables makes them (nothing may read them)."""
-    import torch
-
-    nan = torch.full_like(cos_half, float("nan"), dtype=torch.float32)
-    return torch.cat((cos_half.float(), nan), -1), torch.cat((sin_half.float(), nan), -1)
-
-
 # --- controls ------------------------------------------------------------------------------------------
 
 
@@ -238,42 +212,6 @@ def transformers_preset(at: str | None = None):
             backward=autograd,
         ),
     ]  # fmt: skip
-
-
-def transformers_table_builders(at: str | None = None) -> list[TableBuilder]:
-    """DeepSeek-V4's rope tables as transformers builds them: DeepseekV4RotaryEmbedding(config).forward(x,
-    position_ids, layer_type) -> cos, sin [B, S, R/2] of the pairs, in x's dtype. The config is ours:
-    DeepseekV4Config(head_dim=max(512, R), partial_rotary_factor=R/head_dim, rope_theta = compress_rope_theta
-    = theta, max_position_embeddings=2**20, rope_parameters={"rope_type": "yarn", **rope_scaling} or None);
-    layer_type "main" without rope_scaling (plain rope), "compress" with it (YaRN; the config sets its
-    attention_factor to 1.0: nothing folded in). The module is built on CPU, as a model is before it is
-    moved, and moved to the positions' device. Two builders: x in bf16, as a bf16 model runs it (its
-    tables rounded to bf16; widened back to FP32 here, exactly), and x in FP32. `at`: as for
-    transformers_preset."""
-    _require("transformers", at)
-    import torch
-    from transformers.models.deepseek_v4 import configuration_deepseek_v4 as configuration
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as modeling
-
-    def builder(dtype):
-        def rope_tables(positions, rotary, theta, rope_scaling=None):
-            head_dim = max(512, rotary)
-            config = configuration.DeepseekV4Config(
-                head_dim=head_dim, partial_rotary_factor=rotary / head_dim, rope_theta=theta,
-                compress_rope_theta=theta, max_position_embeddings=DEEPSEEK_V4_MAX_POSITIONS,
-                rope_parameters={"rope_type": "yarn", **rope_scaling} if rope_scaling else None,
-            )  # fmt: skip
-            embedding = modeling.DeepseekV4RotaryEmbedding(config).to(positions.device)
-            x = torch.empty(0, dtype=dtype, device=positions.device)
-            return _our_tables(*embedding(x, positions, layer_type="compress" if rope_scaling else "main"))
-
-        return rope_tables
-
-    name = "transformers:DeepseekV4RotaryEmbedding"
-    return [
-        TableBuilder(f"{name}(x bf16)", builder(torch.bfloat16)),
-        TableBuilder(f"{name}(x fp32)", builder(torch.float32)),
-    ]
 
 
 # --- veomni: ops/kernels/rotary/triton_deepseek_v4.py (Triton, with backward) --------------------------------
@@ -886,48 +824,6 @@ def vllm_preset():
     ]
 
 
-def vllm_table_builders() -> list[TableBuilder]:
-    """DeepSeek-V4's rope tables as vLLM builds them: build_deepseek_v4_rope(config, head_dim,
-    rope_head_dim=R, max_position_embeddings, compress_ratio) gives a DeepseekV4ScalingRotaryEmbedding
-    whose cos_sin_cache (FP32 [rows, R]: the R/2 cos of a position's pairs, then their R/2 sin) the q
-    path reads at each token's position. The config it reads is ours: rope_tables(positions, R, theta,
-    None) is a main (sliding-window) layer, compress_ratio 1, rope_theta = theta; with rope_scaling it is
-    a compress layer, compress_ratio 4, compress_rope_theta = theta, rope_parameters = {"rope_type":
-    "yarn", **rope_scaling}; max_position_embeddings is DeepSeek-V4's, 2**20. Their mapping then applies:
-    YaRN on compress layers only, a factor-1 YaRN ("deepseek_yarn", original length 2**20, beta_fast and
-    beta_slow at their defaults 32 and 1) on main layers, mscale and mscale_all_dim forced to 0 (no
-    attention factor: 1.0 whatever rope_scaling says). The cache is built on the positions' device, as
-    vLLM builds its model under its target device, over all its rows (2**20 * factor; positions past them
-    are refused); the last one built is kept for the next call."""
-    import torch
-
-    modules = _vllm_modules()
-    build = modules["vllm.models.deepseek_v4.common.rope"].build_deepseek_v4_rope
-    built: dict = {}
-
-    def rope_tables(positions, rotary, theta, rope_scaling=None):
-        key = (rotary, float(theta), tuple(sorted((rope_scaling or {}).items())), str(positions.device))
-        if key not in built:
-            built.clear()  # one cache of 2**20 rows at a time
-            config = types.SimpleNamespace(
-                rope_theta=theta, compress_rope_theta=theta,
-                rope_parameters={"rope_type": "yarn", **rope_scaling} if rope_scaling else {"rope_type": "default"},
-            )  # fmt: skip
-            with torch.device(positions.device), _VllmImports(modules):
-                embedding = build(
-                    config, head_dim=max(512, rotary), rope_head_dim=rotary,
-                    max_position_embeddings=DEEPSEEK_V4_MAX_POSITIONS, compress_ratio=4 if rope_scaling else 1,
-                )  # fmt: skip
-            built[key] = embedding.cos_sin_cache
-        cache = built[key]
-        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cache.shape[0]):
-            raise ValueError(f"positions: their cache holds positions 0 to {cache.shape[0] - 1}")
-        rows = cache[positions]
-        return _our_tables(rows[..., : rotary // 2], rows[..., rotary // 2 :])
-
-    return [TableBuilder("vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache", rope_tables)]
-
-
 # --- the registry --------------------------------------------------------------------------------------------
 
 PRESETS = {
@@ -941,12 +837,6 @@ PRESETS = {
     "flash-attn": flash_attn_preset,
     "megatron-core": megatron_preset,
     "vllm": vllm_preset,
-}
-
-
-TABLE_BUILDERS = {
-    "transformers": transformers_table_builders,
-    "vllm": vllm_table_builders,
 }
 
 
@@ -994,11 +884,6 @@ def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
     loaded after it in the same process that import its package get that release too: a release pinned
     beside the installed one is loaded alone, in a process of its own."""
     return [impl for impl in _each_preset(PRESETS, names, progress) if ops is None or impl.op.name in ops]
-
-
-def table_builders(names, progress=print) -> list[TableBuilder]:
-    """The rope table builders (TableBuilder) of each named preset of TABLE_BUILDERS, named as for load."""
-    return _each_preset(TABLE_BUILDERS, names, progress)
 
 
 def fetch(folder: Path) -> None:

@@ -11,7 +11,8 @@ declared by the adapter as their code computes it. Where their model builds the 
 dtype, a "(bf16 activations)" builder calls it as their model does with bf16 activations (the cast to FP32
 after is exact). A builder that cannot take a case raises NotImplementedError naming why.
 
-    BUILDERS[name]() -> [TableBuilder, ...]; load(names) skips a project whose pinned package is missing.
+    BUILDERS[name]() -> [TableBuilder, ...]; load(names) skips a project whose pinned package is missing
+    (names as presets.load takes them: NAME, NAME@VERSION or all).
     python -m tools.table_verdicts [--device cuda] [--tf32] [--slow] [--builders all|dsrope,sglang,...]
     python -m dsrope_gate.table_builders fetch [DIR]   # megatron-core's embedding modules into DIR (default
                                                        # .whl/peers), for an offline host (DSROPE_PEERS_CACHE=DIR)
@@ -35,9 +36,14 @@ import torch
 
 from dsrope_gate import tables
 from dsrope_gate.pins import PINS, release, version
-from dsrope_gate.presets import CACHE, Missing, _require, _sglang_module
+from dsrope_gate.presets import CACHE, Missing, _each_preset, _require, _sglang_module, _vllm_modules, _VllmImports
 from dsrope_gate.tables import TableBuilder
 from dsrope_gate.targets import load_module
+
+# DeepSeek-V4's max_position_embeddings (transformers' DeepseekV4Config default, the released checkpoints' value),
+# in the config vLLM's builder is given: its main layers take their YaRN correction range (factor 1) from it and,
+# times the factor, the rows of every cache it builds.
+DEEPSEEK_V4_MAX_POSITIONS = 1048576
 
 
 def _duplicated(half: torch.Tensor) -> torch.Tensor:
@@ -100,36 +106,38 @@ def v4_config(rotary: int, theta: float, rope_scaling):
 # --- dsrope: rope_utils (the trained table, and fp64=True) -------------------------------------------------
 
 
-def dsrope_builders():
-    """precompute_freqs_cis(R, max_seq_len, theta, rope_scaling) then freqs_cis_from_position_ids(positions,
-    freqs): complex64 [B, S, R/2] at the positions given. max_seq_len is taken past the original length so that
-    their YaRN condition holds whenever rope_scaling is given. No attention factor."""
+def dsrope_tables(positions, rotary, theta, rope_scaling, fp64=False):
+    """precompute_freqs_cis(R, max_seq_len, theta, rope_scaling, fp64) then freqs_cis_from_position_ids(positions,
+    freqs, fp64): complex64 [B, S, R/2] at the positions given. max_seq_len is taken past the original length so
+    that their YaRN condition holds whenever rope_scaling is given. No attention factor. (dsrope's own
+    implementation of the op: dsrope_gate.ops.ROPE_TABLES.dsrope.)"""
     from dsrope.rope_utils import freqs_cis_from_position_ids, precompute_freqs_cis
 
-    def build(fp64):
-        def fn(positions, rotary, theta, rope_scaling):
-            freqs = precompute_freqs_cis(rotary, _yarn_length(positions, rope_scaling), theta, rope_scaling, fp64=fp64)
-            return _from_complex(freqs_cis_from_position_ids(positions, freqs, fp64=fp64))
+    freqs = precompute_freqs_cis(rotary, _yarn_length(positions, rope_scaling), theta, rope_scaling, fp64=fp64)
+    return _from_complex(freqs_cis_from_position_ids(positions, freqs, fp64=fp64))
 
-        return fn
 
+def dsrope_builders():
+    """dsrope_tables, in FP32 (the trained table) and with fp64=True."""
     return [
-        TableBuilder("dsrope:freqs_cis_from_position_ids", build(False)),
-        TableBuilder("dsrope:freqs_cis_from_position_ids(fp64=True)", build(True)),
+        TableBuilder("dsrope:freqs_cis_from_position_ids", dsrope_tables),
+        TableBuilder("dsrope:freqs_cis_from_position_ids(fp64=True)", functools.partial(dsrope_tables, fp64=True)),
     ]
 
 
 # --- transformers 5.17.0: DeepseekV4RotaryEmbedding, DeepseekV3RotaryEmbedding ---------------------------------
 
 
-def transformers_builders():
+def transformers_builders(at: str | None = None):
     """DeepseekV4RotaryEmbedding(config)(x, position_ids, layer_type) -> cos, sin [B, S, R/2] (half-width, in x's
     dtype): plain tables are its "main" layer type (rope_theta = theta), YaRN ones its "compress" type
     (compress_rope_theta = theta, rope_parameters from our dict); head_dim 512 and partial_rotary_factor R/512 give
     R. Its config forces attention_factor 1.0 on the compress type (declared 1.0). DeepseekV3RotaryEmbedding
     (qk_rope_head_dim R, rope_parameters rope_type "yarn" or "default") -> [B, S, R] duplicated, times its
-    attention_scaling (declared: their value for the dict, from their ROPE_INIT_FUNCTIONS)."""
-    _require("transformers")
+    attention_scaling (declared: their value for the dict, from their ROPE_INIT_FUNCTIONS). `at`: a release
+    pinned beside the installed one (`transformers@VERSION`), made importable first (presets.use_release, which
+    load does before it calls this)."""
+    _require("transformers", at)
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as v4
@@ -399,8 +407,53 @@ def veomni_builders():
     return [TableBuilder("veomni:DeepseekV4RotaryEmbedding", fn)]
 
 
+# --- vLLM 0.33.0: models/deepseek_v4/common/rope.py build_deepseek_v4_rope's cos_sin_cache ------------------------
+
+
+def vllm_builders():
+    """build_deepseek_v4_rope(config, head_dim, rope_head_dim=R, max_position_embeddings, compress_ratio) gives a
+    DeepseekV4ScalingRotaryEmbedding whose cos_sin_cache (FP32 [rows, R]: the R/2 cos of a position's pairs, then
+    their R/2 sin) the q path reads at each token's position: rows gathered at the positions, each half
+    duplicated. The config it reads is ours: a plain table is a main (sliding-window) layer, compress_ratio 1,
+    rope_theta = theta; with rope_scaling a compress layer, compress_ratio 4, compress_rope_theta = theta,
+    rope_parameters = {"rope_type": "yarn", **rope_scaling}; max_position_embeddings is DeepSeek-V4's, 2**20.
+    Their mapping then applies: YaRN on compress layers only, a factor-1 YaRN ("deepseek_yarn", original length
+    2**20, beta_fast and beta_slow at their defaults 32 and 1) on main layers, mscale and mscale_all_dim forced to
+    0 (no attention factor: 1.0 whatever rope_scaling says). The cache is built on the positions' device, as vLLM
+    builds its model under its target device, over all its rows (2**20 * factor; positions past them are
+    refused); the last one built is kept for the next call. Loaded as vLLM's preset loads its files
+    (presets._vllm_modules: the release's files beside stand-ins for its runtime)."""
+    modules = _vllm_modules()
+    build = modules["vllm.models.deepseek_v4.common.rope"].build_deepseek_v4_rope
+    built: dict = {}
+
+    def fn(positions, rotary, theta, rope_scaling):
+        key = (rotary, float(theta), tuple(sorted((rope_scaling or {}).items())), str(positions.device))
+        if key not in built:
+            built.clear()  # one cache of 2**20 rows at a time
+            config = types.SimpleNamespace(
+                rope_theta=theta, compress_rope_theta=theta,
+                rope_parameters={"rope_type": "yarn", **rope_scaling} if rope_scaling else {"rope_type": "default"},
+            )  # fmt: skip
+            with torch.device(positions.device), _VllmImports(modules):
+                embedding = build(
+                    config, head_dim=max(512, rotary), rope_head_dim=rotary,
+                    max_position_embeddings=DEEPSEEK_V4_MAX_POSITIONS, compress_ratio=4 if rope_scaling else 1,
+                )  # fmt: skip
+            built[key] = embedding.cos_sin_cache
+        cache = built[key]
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cache.shape[0]):
+            raise NotImplementedError(f"positions: their cache holds positions 0 to {cache.shape[0] - 1}")
+        rows = cache[positions]
+        return _duplicated(rows[..., : rotary // 2]), _duplicated(rows[..., rotary // 2 :])
+
+    return [TableBuilder("vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache", fn)]
+
+
 # --- the registry ---------------------------------------------------------------------------------------------
 
+# Each project's builders under its preset's name (dsrope_gate.presets.PRESETS), so that one name gives both its
+# implementations and its tables (the conformance command's --preset with --op rope_tables; its --pipeline).
 BUILDERS = {
     "dsrope": dsrope_builders,
     "transformers": transformers_builders,
@@ -408,25 +461,16 @@ BUILDERS = {
     "nemo-automodel": nemo_builders,
     "megatron-core": megatron_builders,
     "veomni": veomni_builders,
+    "vllm": vllm_builders,
 }
 
 
 def load(names, progress=print) -> list[TableBuilder]:
-    """The builders of each named project ('all': every one); a project that cannot load is skipped with its
-    reason."""
-    chosen = list(BUILDERS) if "all" in names else list(dict.fromkeys(names))
-    unknown = [n for n in chosen if n not in BUILDERS]
-    if unknown:
-        raise ValueError(f"table builders: unknown {unknown}; known: {', '.join(BUILDERS)} or all")
-    found = []
-    for name in chosen:
-        try:
-            found += BUILDERS[name]()
-        except Missing as e:
-            progress(f"table builders {name} skipped: {e}")
-        except Exception as e:  # a pinned release that no longer imports: say so, judge the others
-            progress(f"table builders {name} skipped: it does not load ({type(e).__name__}: {e})")
-    return found
+    """The builders of each named project, `NAME`, `NAME@VERSION` (a release pinned beside the installed one,
+    its builders named `NAME@VERSION:...`) or 'all', as presets.load takes them; a project that cannot load is
+    skipped with its reason, and a release whose package another release of holds this process raises
+    presets.VersionConflict (load it in a process of its own)."""
+    return _each_preset(BUILDERS, names, progress)
 
 
 def main(argv=None) -> int:

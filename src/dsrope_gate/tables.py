@@ -381,11 +381,26 @@ def unscaled(rope_scaling) -> float:
 class TableBuilder:
     """A table builder behind the op's signature, `fn(positions, rotary, theta, rope_scaling) -> (cos, sin)`,
     and the attention factor it folds into cos and sin for a rope_scaling (its adapter declares it). A case it
-    cannot take raises NotImplementedError naming why."""
+    cannot take raises NotImplementedError naming why. Calling it calls fn: a TableBuilder is an
+    implementation of rope_tables that carries its declaration (`--impl module:BUILDER`, assert_conforms)."""
 
     name: str
     fn: Callable
     attention_factor: Callable = unscaled
+
+    def __call__(self, positions, rotary, theta, rope_scaling):
+        return self.fn(positions, rotary, theta, rope_scaling)
+
+
+def declared_factor(builder, rope_scaling) -> float:
+    """The attention factor an implementation declares for a rope_scaling: its `attention_factor(rope_scaling)`
+    (a TableBuilder's, or any callable's attribute of that name), 1.0 where it has none."""
+    return float(getattr(builder, "attention_factor", unscaled)(rope_scaling))
+
+
+def kind(case: TableCase) -> str:
+    """A case's configuration, the part of its name before the region: v4-main, v4-compress, v3, ramp-clamped."""
+    return case.name.split("/")[0]
 
 
 def emulation_builder(label: str, attention_factor: Callable = unscaled) -> TableBuilder:
@@ -411,6 +426,7 @@ class TableVerdict:
     first_violation: str = ""
     shares: dict = field(default_factory=dict)
     refused: str = ""
+    first: tuple = ()  # the first entry outside: (table (0 cos, 1 sin), b, s, k)
 
     @property
     def conforms(self) -> bool:
@@ -454,33 +470,43 @@ def malformed(case: TableCase, out) -> str:
     return ""
 
 
-def judge_case(builder: TableBuilder, case: TableCase, device=None) -> TableVerdict:
-    positions = case.position_ids(device)
-    scaling = case.rope_scaling
-    half = case.rotary // 2
-    elements = 2 * case.batch * case.seq * half
-    try:
-        out = builder.fn(positions, case.rotary, case.theta, scaling)
-    except NotImplementedError as e:
-        return TableVerdict(builder.name, case, refused=str(e) or type(e).__name__)
-    factor = float(builder.attention_factor(scaling))
-    verdict = TableVerdict(builder.name, case, factor, elements)
-    problem = malformed(case, out)
-    if problem:
-        verdict.outside, verdict.first_violation = elements, problem
-        return verdict
-    allowances = CUDA_ULPS if out[0].is_cuda else CPU_ULPS
+def judge_pairs(case: TableCase, cos: torch.Tensor, sin: torch.Tensor, factor: float, cuda: bool = False):
+    """A builder's pairs' entries (cos and sin [B, S, R/2]: entries k < R/2 of its FP32 tables) on a case judged
+    against the contract's model with the declared attention factor, under the CPU's allowances or CUDA's
+    (`cuda`: built on a GPU): a TableVerdict (its builder unnamed)."""
+    verdict = TableVerdict("", case, factor, 2 * cos.numel())
+    allowances = CUDA_ULPS if cuda else CPU_ULPS
     models = reference_model(case, factor, allowances)
     intervals = label_intervals(case, factor, allowances[0])
-    got = [t[..., :half].detach().to("cpu", torch.float64) for t in out]
-    for name, model, g in zip(("cos", "sin"), models, got, strict=True):
+    positions = case.position_ids()
+    got = [t.detach().to("cpu", torch.float64) for t in (cos, sin)]
+    for t, (name, model, g) in enumerate(zip(("cos", "sin"), models, got, strict=True)):
         bad = (~inside(g, model.ref, model.lo, model.hi)).nonzero()
         verdict.outside += len(bad)
         if len(bad) and not verdict.first_violation:
             i = tuple(bad[0].tolist())
             where = f" (position {int(positions[i[:2]])}, pair {i[2]})"
             verdict.first_violation = describe_violation(i, g, model.ref, model.lo, model.hi, name) + where
+            verdict.first = (t, *i)
     verdict.shares = {label: (agreement(got[0], c) + agreement(got[1], s)) / 2 for label, (c, s) in intervals.items()}
+    return verdict
+
+
+def judge_case(builder: TableBuilder, case: TableCase, device=None) -> TableVerdict:
+    positions = case.position_ids(device)
+    scaling = case.rope_scaling
+    try:
+        out = builder.fn(positions, case.rotary, case.theta, scaling)
+    except NotImplementedError as e:
+        return TableVerdict(builder.name, case, refused=str(e) or type(e).__name__)
+    factor = declared_factor(builder, scaling)
+    problem = malformed(case, out)
+    if problem:
+        elements = 2 * case.batch * case.seq * (case.rotary // 2)
+        return TableVerdict(builder.name, case, factor, elements, elements, problem)
+    half = case.rotary // 2
+    verdict = judge_pairs(case, out[0][..., :half], out[1][..., :half], factor, out[0].is_cuda)
+    verdict.builder = builder.name
     return verdict
 
 

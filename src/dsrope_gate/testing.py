@@ -69,7 +69,7 @@ def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_plac
     if not callable(fn):
         raise TypeError(f"fn: expected the implementation to judge (a callable), got {fn!r}")
     cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
-    name = getattr(fn, "__qualname__", repr(fn))
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "name", None) or repr(fn)  # a TableBuilder: its name
     target = Target(name, fn=fn if backward else _forward_only(fn), in_place=in_place)
     result, outputs = judge_target(target, op, cases, device, isolate, TIMEOUT, lambda msg: None, accept=accept)
     return result, outputs, {p.case.name: p for p in cases}
@@ -117,8 +117,10 @@ def _direction_failure(op: Op, direction: str, record: dict, prepared: dict, res
         f"{len(record['not_run'])} cases not run."
     ]
     first = record["first_violation"]
+    own = op.own_judge()
     if first:
-        lines += _first_violation_text(op, direction, first, prepared[first["case"]])
+        describe = own.first_violation_lines if own else functools.partial(_first_violation_text, op, direction)
+        lines += describe(first, prepared[first["case"]])
     if cases:
         lines += violations.lines(record)
         shown = ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in cases[:6])

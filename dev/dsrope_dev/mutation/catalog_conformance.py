@@ -49,9 +49,9 @@ MUTANTS = [
     mutant(
         "conformance.no_claim_is_false",
         JUDGING,
-        "run_impl",
+        "claim",
         "conforms is false (not null) where nothing was judged",
-        ('.get(record["verdict"], None)', '.get(record["verdict"], False)'),
+        (".get(v, None)", ".get(v, False)"),
     ),
     mutant(
         "conformance.semantics_from_edge_values",

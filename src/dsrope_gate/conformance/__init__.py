@@ -74,6 +74,9 @@ def collect_cases(op: Op, examples: int = EXAMPLES, seed: int = 0, golden_root: 
     if examples < 0:
         raise ValueError(f"examples: expected a number of drawn cases >= 0, got {examples}")
     progress = progress or (lambda msg: None)
+    own = op.own_judge()
+    if own:  # an op with cases of its own (rope_tables: dsrope_gate.tables.CASES)
+        return own.collect_cases(op, progress, device)
     progress("building cases; computing the reference")
     wanted = set(dtypes or ("bfloat16", "float16", "float32"))
     made = [prepare(op, c, c.build(device)) for c in case_sets.canonical() if c.dtype in wanted]
@@ -113,6 +116,9 @@ def in_process_caller(target: Target, op: Op, device: str):
     from dsrope_gate.conformance.calling import call
 
     fn = target.load(op.name, device)
+    own = op.own_judge()
+    if own:
+        return lambda case, inputs: own.call(op, fn, case, inputs, target.in_place, device)
     return lambda case, inputs: call(op, fn, case, inputs, target.in_place, device)
 
 
@@ -123,6 +129,8 @@ def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: 
     from dsrope_gate.conformance.isolation import Child, LoadError
     from dsrope_gate.conformance.judging import run_impl
 
+    own = op.own_judge()
+    run_impl = own.run_impl if own else run_impl
     if not isolate:
         if device == "cpu":
             # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
@@ -198,7 +206,8 @@ def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=No
         result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case, accept)
         results.append(result)
         outputs.append(out)
-    return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate)
+    drawn = 0 if op.own_judge_module else examples  # an op with cases of its own draws none
+    return results, outputs, cases, run_meta(results, cases, drawn, seed, note, isolate)
 
 
 def run(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, against_impl=None, progress=print,

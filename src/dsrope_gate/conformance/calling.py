@@ -32,6 +32,9 @@ class Call:
     writes: list = field(default_factory=list)  # write_record()s: inputs whose storage changed
     has_backward: bool = False
     token_major: bool = False
+    # what else a call of an op with machinery of its own gives (on the CPU): a table builder's declared
+    # attention factor, a pipeline's tables and q paths
+    extras: dict = field(default_factory=dict)
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor | None:

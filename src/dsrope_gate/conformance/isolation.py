@@ -46,7 +46,11 @@ class Target:
             return load_target(self.spec)
         if self.preset:
             from dsrope_gate import presets
+            from dsrope_gate.ops import op_named
 
+            own = op_named(op_name).own_judge()
+            if own:  # an op with machinery of its own loads its presets' entries there (rope_tables: table builders)
+                return own.load_preset(self.preset, self.name, device)
             found = [i for i in presets.load([self.preset], device, [op_name], _raise) if i.name == self.name]
             if not found:
                 raise LookupError(f"preset {self.preset} has no implementation {self.name!r} of {op_name}")
@@ -192,6 +196,7 @@ def serve(conn, target: Target, op_name: str, device: str) -> None:
 
     op = op_named(op_name)
     try:
+        own = op.own_judge()
         if device == "cpu":
             from dsrope.interpreter import install_interpreter_rounding
 
@@ -210,7 +215,13 @@ def serve(conn, target: Target, op_name: str, device: str) -> None:
             return
         from dsrope_gate.cases import Inputs
 
-        result = call(op, fn, case, Inputs(*inputs), target.in_place, device, lambda d: send(("started", d)))
+        def started(direction):
+            send(("started", direction))
+
+        if own:  # an op with machinery of its own: its call, on its inputs as its judge sent them
+            result = own.call(op, fn, case, inputs, target.in_place, device, started)
+        else:
+            result = call(op, fn, case, Inputs(*inputs), target.in_place, device, started)
         fault = _cuda_poisoned() if device == "cuda" else ""
         if fault:
             send(("fault", fault))

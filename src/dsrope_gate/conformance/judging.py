@@ -195,10 +195,7 @@ def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, prog
         named = record["diagnosis"]["name"] if record["diagnosis"] else None
         record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if named in accept else None
         record["verdict"] = verdict(record, death)
-        # None where nothing was judged: no claim either way
-        record["conforms"] = {"conforms": True, "partial": True}.get(record["verdict"], None)
-        if record["verdict"] in ("does not conform", "crashed", "timed out"):
-            record["conforms"] = False
+        record["conforms"] = claim(record["verdict"])
         record["semantics"] = classify(record["cases"])
         record["semantics_by_dtype"] = classify_by_dtype(record["cases"])
     res["forward"] = directions["forward"] | {
@@ -235,6 +232,14 @@ def verdict(record: dict, death=None) -> str:
     return "partial" if record["not_run"] else "conforms"
 
 
+def claim(v: str) -> bool | None:
+    """What a verdict claims of conformance: True (conforms, partial), False (does not conform, crashed, timed
+    out), None where nothing was judged (not run): no claim either way."""
+    if v in ("does not conform", "crashed", "timed out"):
+        return False
+    return {"conforms": True, "partial": True}.get(v, None)
+
+
 def verdict_text(record: dict, result: dict) -> str:
     """The verdict in words: "crashed: SIGSEGV in dsv4-bfloat16 (forward)", "does not conform: writes into cos"."""
     v = record["verdict"]
@@ -244,6 +249,9 @@ def verdict_text(record: dict, result: dict) -> str:
         return f"{v}: {death['reason']}" + (f" in {death['case']}{call}" if death["case"] else " loading")
     if v == "does not conform" and record.get("writes") and not record["outside_model"]:
         return f"{v}: writes into {', '.join(dict.fromkeys(w['tensor'] for w in record['writes']))}"
+    factors = record.get("attention_factors")  # a table builder's declared attention factors other than 1
+    if factors and v in ("conforms", "partial", "does not conform"):
+        return f"{v} (declared attention factor {', '.join(f'{f:.6g} on {k}' for k, f in factors.items())})"
     accepted = record.get("accepted")
     if accepted and v in ("conforms", "partial"):
         return f"{v} ({accepted['elements']} elements accepted: {accepted['diagnosis']})"

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import json
 
+from dsrope_gate import semantics, tables
 from dsrope_gate.conformance import violations
 from dsrope_gate.conformance.judging import listing_text, semantics_text, verdict_text
-from dsrope_gate.semantics import LABELS
+from dsrope_gate.ops import op_named
 
+# every label a report can name: the row ops' semantics and the tables'
+LABELS = semantics.LABELS | tables.LABELS
+
+# the most labels whose shares the report tabulates per case (the row ops have up to 28, the tables 108)
+SHARE_COLUMNS = 40
 # the verdicts a reader must not miss
 EMPHASIZED = ("does not conform", "not run", "crashed", "timed out")
 
@@ -39,7 +45,7 @@ def verdict_table(results: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        for direction in ("forward", "backward"):
+        for direction in op_named(r["op"]).directions:
             d = r[direction]
             if d is None:
                 row = f"| `{r['impl']}` | {r['op']} | backward | no backward (no grad_fn): forward only | | | | |"
@@ -68,9 +74,10 @@ def write_line(w: dict) -> str:
 
 
 def first_violation_line(first: dict) -> str:
+    where = first.get("where") or f"{first['channel']} channel"  # a table's entry says its table, position, pair
     return (
-        f"First element outside the model: case {first['case']!r}, index {first['index']}, {first['channel']} "
-        f"channel: got {first['got']!r}, allowed [{first['bounds'][0]!r}, {first['bounds'][1]!r}], reference "
+        f"First element outside the model: case {first['case']!r}, index {first['index']}, {where}: got "
+        f"{first['got']!r}, allowed [{first['bounds'][0]!r}, {first['bounds'][1]!r}], reference "
         f"{first['contract']!r} ({first['ulp']} ulp)"
     )
 
@@ -137,13 +144,15 @@ def render(results: list[dict], meta: dict) -> str:
     for r in results:
         lines += ["", f"## `{r['impl']}` ({r['op']}, {r['device']})", ""]
         f = r["forward"]
-        lines.append(layouts_line(f))
-        lines.append("")
+        if f["layouts"]:  # the row ops' layout probes (a table op has none)
+            lines += [layouts_line(f), ""]
         wrote = ", ".join(f["writes_into_input"]) or "none"
-        lines.append(f"Writes into its inputs: {wrote}. Output a token-major view: {f['token_major_output']}.")
+        token_major = f["token_major_output"]
+        lines.append(f"Writes into its inputs: {wrote}." + (f" Output a token-major view: {token_major}." if
+                     token_major is not None else ""))  # fmt: skip
         if r.get("death"):
             lines.append(f"Its process: {verdict_text(f, r)}; the cases before it are judged below.")
-        for direction in ("forward", "backward"):
+        for direction in op_named(r["op"]).directions:
             d = r[direction]
             if d is None:
                 lines += ["", "Backward: the output carries no grad_fn; forward only."]
@@ -171,6 +180,8 @@ def render(results: list[dict], meta: dict) -> str:
                     + ", ".join(f"{c['case']} {c['outside_model']}/{c['elements']}" for c in bad)
                 )
             labels = sorted({label for c in d["cases"] for label in c.get("shares", {})})
+            if len(labels) > SHARE_COLUMNS:  # the tables' combined labels: those named (the JSON has every one)
+                labels = [label for label in labels if label in d["semantics"]]
             if labels:
                 lines += ["", "| case | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
                 for c in d["cases"]:
