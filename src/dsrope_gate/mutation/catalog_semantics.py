@@ -110,6 +110,37 @@ MUTANTS = [
         ),
     ),
     mutant(
+        "semantics.dtype_math_tables_kept_fp32",
+        SEMANTICS,
+        "rotate_fp32",
+        "dtype-math keeps the FP32 tables (only the products and the sum are rounded)",
+        ("c, s = c.to(dtype).float(), s.to(dtype).float()", "c, s = c, s"),
+    ),
+    mutant(
+        "semantics.dtype_math_products_unrounded",
+        SEMANTICS,
+        "rotate_fp32",
+        "dtype-math rounds the sum only, not each product",
+        ("(stored(p * q, dtype) for p, q in", "(p * q for p, q in"),
+    ),
+    mutant(
+        "semantics.every_op_rounded_backward_cube_rounded_once",
+        SEMANTICS,
+        "every_op_rounded_backward",
+        "the every-op-rounded backward's rs^3 is rounded once (torch's pow by 3 stores each product)",
+        ("cube = stored(stored(rs * rs, dtype) * rs, dtype)", "cube = stored(rs**3, dtype)"),
+    ),
+    mutant(
+        "semantics.every_op_rounded_backward_sums_unrounded_products",
+        SEMANTICS,
+        "every_op_rounded_backward",
+        "the every-op-rounded backward sums gy * x unrounded for the gradient of rs",
+        (
+            "stored(stored(gy * xf, dtype).sum(-1, keepdim=True), dtype)",
+            "stored((gy * xf).sum(-1, keepdim=True), dtype)",
+        ),
+    ),
+    mutant(
         "semantics.no_boundary_2_rounds_the_gradient",
         SEMANTICS,
         "qnorm_backward.emulate",
