@@ -12,7 +12,8 @@ Partial RoPE has no norm: fp32-through and every-op-rounded name the contract's 
 
 Cases: a DSV4 row geometry (D = 512, R = 64) with normal values, and edges: tiny, huge (the golden edge:
 rms 2^40, one row whose FP32 sum of squares overflows; fp16: squares past its range), mixed scales,
-zero rows, and midpoint values on dyadic tables (exact FP32 rotations on x.dtype rounding midpoints).
+zero rows, eps = 0.5 (of the order of mean(x^2)), and midpoint values on dyadic tables (exact FP32
+rotations on x.dtype rounding midpoints).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ KINDS = {
     "huge": Seeded(13, "huge"),
     "mixed": Drawn(Values("mixed", 14), Tables("angles", 15), Values("mixed", 16)),
     "zero_rows": Seeded(17, "zero_rows"),
+    "large_eps": Seeded(22),  # eps = 0.5, of the order of mean(x^2): the eps-add's rounding shows
     "midpoint": Drawn(Values("midpoint", 18), Tables("dyadic", 19), Values("midpoint", 20)),
 }
 
@@ -84,7 +86,8 @@ KINDS = {
 def case(kind: str, dtype: str) -> Case:
     values = Seeded(21, "nan") if kind == "nan" else KINDS[kind]
     shape, rotary = ((2, 2, 3, 64), 32) if kind == "nan" else (SHAPE, ROTARY)
-    return Case(name=kind, shape=shape, rotary=rotary, dtype=dtype, values=values, grad_layout=CONTIGUOUS)
+    eps = 0.5 if kind == "large_eps" else 1e-6
+    return Case(name=kind, shape=shape, rotary=rotary, dtype=dtype, values=values, grad_layout=CONTIGUOUS, eps=eps)
 
 
 @functools.cache
@@ -341,13 +344,18 @@ def test_official_chain_under_autograd_is_inside_every_op_rounded(dtype):
         assert torch.equal(bits(dx), bits(emulation))
 
 
-def official_chain_fp32_variant(x, cos, sin, rotary, eps, order=None, rs_steps=0):
-    """The official chain in fp32 as a GPU may run it: the row's squares summed in another `order` (a
-    permutation of the channels), and rs the correctly rounded 1/sqrt(z) moved `rs_steps` FP32 steps
-    (rsqrtf is within 2 ulp)."""
+def official_chain_fp32_variant(x, cos, sin, rotary, eps, sequential=False, rs_steps=0):
+    """The official chain in fp32 as a GPU may run it: the row's squares summed one by one in FP32 from
+    the largest down (`sequential`: a reduction order far less accurate than torch's), and rs the
+    correctly rounded 1/sqrt(z) moved `rs_steps` FP32 steps (rsqrtf is within 2 ulp)."""
     square = x * x
-    mean = (square if order is None else square[..., order]).sum(-1, keepdim=True) / x.shape[-1]
-    rs = (1 / torch.sqrt((mean + eps).double())).float()
+    if sequential:
+        total = torch.zeros(x.shape[:-1] + (1,), dtype=torch.float32)
+        for column in square.sort(-1, descending=True).values.unbind(-1):
+            total = total + column[..., None]
+    else:
+        total = square.sum(-1, keepdim=True)
+    rs = (1 / torch.sqrt((total / x.shape[-1] + eps).double())).float()
     toward = torch.full_like(rs, float("inf") if rs_steps > 0 else 0.0)
     for _ in range(abs(rs_steps)):
         rs = torch.nextafter(rs, toward)
@@ -355,14 +363,16 @@ def official_chain_fp32_variant(x, cos, sin, rotary, eps, order=None, rs_steps=0
 
 
 def test_every_op_rounded_allows_any_fp32_reduction_order_and_a_gpu_rsqrt():
-    """fp32 shows the FP32 allowances. Canonical rows: the squares summed in reverse channel order are
-    inside. Tiny rows (squares 0, so z = eps exactly and nothing but the rsqrt moves rs): rs one FP32
-    step off the correctly rounded one either way is inside (a GPU's rsqrtf), 40 steps are not. (In bf16
-    and fp16 no value z of the dtype has 1/sqrt(z) within 2^-22 of a rounding midpoint: rs is one value.)"""
+    """fp32 shows the FP32 allowances. Canonical rows: the squares summed one by one from the largest
+    (an error of order D u, where torch's pairwise sum has a few u) are inside. Tiny rows (squares 0, so
+    z = eps exactly and nothing but the rsqrt moves rs): rs one FP32 step off the correctly rounded one
+    either way is inside (a GPU's rsqrtf), 40 steps are not. (In bf16 and fp16 no value z of the dtype has
+    1/sqrt(z) within 2^-22 of a rounding midpoint: rs is one value.)"""
     c, (x, cos, sin, _) = case("canonical", "float32"), inputs("canonical", "float32")
     model = contracts.forward(x, cos, sin, c.rotary, c.eps, "every-op-rounded").out
-    reverse = torch.arange(x.shape[-1] - 1, -1, -1)
-    assert model.judge(official_chain_fp32_variant(x, cos, sin, c.rotary, c.eps, order=reverse)).violations == 0
+    sequential = official_chain_fp32_variant(x, cos, sin, c.rotary, c.eps, sequential=True)
+    assert not torch.equal(bits(sequential), bits(official_chain_fp32_variant(x, cos, sin, c.rotary, c.eps)))
+    assert model.judge(sequential).violations == 0
     c, (x, cos, sin, _) = case("tiny", "float32"), inputs("tiny", "float32")
     model = contracts.forward(x, cos, sin, c.rotary, c.eps, "every-op-rounded").out
     for steps in (-1, 1):
@@ -392,3 +402,64 @@ def test_every_op_rounded_stored_is_monotone_and_flushes():
     assert round_nearest(v, torch.bfloat16)[0] == 1 + 2.0**-7  # rounded once it goes up
     lo, hi = every_op_rounded.stored_interval(v, v, torch.bfloat16)
     assert lo.tolist() == [1.0, 0.0, -(2.0**-130), 3.0] and hi.tolist() == [1.0, 2.0**-130, 0.0, 3.0]
+
+
+def test_every_op_rounded_holds_autograds_rstd_cubed_underflow_in_fp32():
+    """fp32 rows of rms 2^45 to 2^55: autograd through F.rms_norm (the two-boundaries emulation) forms
+    rstd^3 below FP32's normal range and falls outside the two-boundaries backward model; every-op-rounded
+    is that chain (F.rms_norm's composite in fp32) and holds it."""
+    c = Case(
+        name="huge",
+        shape=SHAPE,
+        rotary=ROTARY,
+        dtype="float32",
+        values=Drawn(Values("huge", 41), Tables("angles", 42), Values("normal", 43)),
+        grad_layout=CONTIGUOUS,
+    )
+    x, cos, sin, grad = c.build("cpu")
+    dx = semantics.qnorm_backward("two-boundaries")(x, cos, sin, c.rotary, c.eps, grad)
+    assert contracts.backward(x, grad, cos, sin, c.rotary, c.eps).dx.judge(dx).violations > 0
+    check = contracts.backward(x, grad, cos, sin, c.rotary, c.eps, "every-op-rounded").dx.judge(dx)
+    assert check.violations == 0, str(check)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_on_the_gpu_each_chain_is_inside_its_contract(dtype):
+    """On CUDA: the official code under autograd (torch's GPU ops, rsqrtf, its reductions) inside
+    every-op-rounded; the plain-torch fp32-through chain inside fp32-through; dsrope's kernels inside
+    two-boundaries and, in bf16/fp16, outside fp32-through and every-op-rounded."""
+    from dsrope import qnorm_rope_triton
+    from dsrope_gate.inputs import DEVICE
+
+    c = Case(name="gpu", shape=(2, 16, 8, 512), rotary=64, dtype=dtype, values=Seeded(51), grad_layout=CONTIGUOUS)
+    x, cos, sin, grad = c.build("cpu")
+    on = [t.to(DEVICE) for t in (x, cos, sin, grad)]
+    models = {
+        name: (
+            contracts.forward(x, cos, sin, c.rotary, c.eps, name).out,
+            contracts.backward(x, grad, cos, sin, c.rotary, c.eps, name).dx,
+        )
+        for name in ("two-boundaries", "fp32-through", "every-op-rounded")
+    }
+
+    def official(xg, cos, sin):
+        return official_chain(xg, cos, sin, c.rotary, c.eps)
+
+    def dsrope(xg, cos, sin):
+        return qnorm_rope_triton(xg, cos, sin, c.rotary, c.eps)
+
+    for name, run in (("every-op-rounded", official), ("two-boundaries", dsrope)):
+        xg = on[0].detach().clone().requires_grad_()
+        out = run(xg, on[1], on[2])
+        (dx,) = torch.autograd.grad(out, xg, on[3])
+        for model, got in zip(models[name], (out, dx), strict=True):
+            check = model.judge(got.cpu())
+            assert check.violations == 0, f"{name} {dtype}: {check}"
+        if name == "two-boundaries" and dtype != "float32":
+            for other in ("fp32-through", "every-op-rounded"):
+                assert models[other][0].judge(out.cpu()).violations > 0, other
+    out, dx = fp32_through_implementation(on[0], on[1], on[2], c.rotary, c.eps, on[3])
+    for model, got in zip(models["fp32-through"], (out, dx), strict=True):
+        check = model.judge(got.cpu())
+        assert check.violations == 0, f"fp32-through {dtype}: {check}"

@@ -200,7 +200,8 @@ def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
     gz_lo, gz_hi = stored_interval(*product_range(h_lo, h_hi, p_lo, p_hi), dtype)
     q_lo, q_hi = gz_lo / d, gz_hi / d
     gq_ref = stored(gz_ref / d, dtype)
-    gq_lo, gq_hi = stored_interval(q_lo - gamma(2) * q_lo.abs(), q_hi + gamma(2) * q_hi.abs(), dtype)
+    widen = lambda q: torch.where(q.isfinite(), gamma(2) * q.abs(), 0.0)  # noqa: E731 (an infinite q stays)
+    gq_lo, gq_hi = stored_interval(q_lo - widen(q_lo), q_hi + widen(q_hi), dtype)
     two_x = stored(2 * x64, dtype)
     dx2_ref = stored(gq_ref * two_x, dtype)
     dx2_lo, dx2_hi = stored_interval(*product_range(gq_lo, gq_hi, two_x, two_x), dtype)

@@ -26,8 +26,9 @@ Rotation (both ops; pairs of the trailing R channels unless said)
                    trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vLLM issue 48304)
   dtype-math       the rotation computed in x.dtype, as a hand-written rope on x.dtype tensors runs: cos and
                    sin cast to x.dtype, each product and the sum computed in FP32 and rounded to x.dtype
-                   (fp32 inputs: the contract's rotation; after fp32-through the products take the FP32
-                   row and are rounded once each)
+                   (fp32 inputs: the contract's rotation; after fp32-through each product of the FP32 row
+                   is computed in FP32 and stored in x.dtype). Named for the dtype, not bf16: fp16 inputs
+                   compute in fp16
   rotary-factor-twice  the partial rotary factor R/D applied to the rope slice again (Megatron-Bridge PR
                    4271): R' = R*R/D channels (even, rounded down; DSV4: 8 of 64) rotated, the leading R'
                    of the trailing R, as interleaved pairs with the table's first R'/2 entries; the other
