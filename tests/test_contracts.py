@@ -7,7 +7,8 @@ Emulations (dsrope_gate.semantics, or plain torch written here):
   fp32-through      F.rms_norm on x.float(), the FP32 rotation, cast; its autograd is no-boundary-2
   every-op-rounded  the official q norm op by op on x.dtype tensors, then the FP32 rotation (backward:
                     torch's derivative formulas op by op, every_op_rounded_backward)
-  bf16-tables       the two-boundaries chain on tables rounded to bf16 first
+  bf16-tables       the two-boundaries chain on tables rounded to bf16 first (backward: the label
+                    bf16-tables, checked here against the two-boundaries emulation on rounded tables)
 Partial RoPE has no norm: fp32-through and every-op-rounded name the contract's rotation there.
 
 Cases: a DSV4 row geometry (D = 512, R = 64) with normal values, and edges: tiny, huge (the golden edge:
@@ -41,12 +42,6 @@ SHAPE, ROTARY = (2, 2, 3, 512), 64
 SAME_ROTATION = {"two-boundaries", "fp32-through", "every-op-rounded"}
 
 
-def bf16_tables_backward(x, cos, sin, rotary, eps, grad):
-    """Autograd through the two-boundaries chain whose tables are rounded to bf16 first."""
-    rounded = cos.bfloat16().float(), sin.bfloat16().float()
-    return semantics.qnorm_backward("two-boundaries")(x, *rounded, rotary, eps, grad)
-
-
 EMULATIONS = {
     "two-boundaries": {
         ("qnorm_rope", "forward"): semantics.qnorm_forward("two-boundaries", "interleaved"),
@@ -62,7 +57,7 @@ EMULATIONS = {
     },
     "bf16-tables": {
         ("qnorm_rope", "forward"): semantics.qnorm_forward("two-boundaries", "bf16-tables"),
-        ("qnorm_rope", "backward"): bf16_tables_backward,
+        ("qnorm_rope", "backward"): semantics.qnorm_backward("bf16-tables"),
         ("partial_rope", "forward"): semantics.rope_forward("bf16-tables"),
         ("partial_rope", "backward"): semantics.rope_backward("bf16-tables"),
     },
@@ -261,6 +256,14 @@ def test_newcomer_fp32_through_conforms_to_fp32_through_and_not_to_two_boundarie
         for key, got in ((("qnorm_rope", "forward"), out), (("qnorm_rope", "backward"), dx)):
             assert model_of("two-boundaries", key, "canonical", dtype).judge(got).violations == 0, (key, dtype)
             assert model_of("fp32-through", key, "canonical", dtype).judge(got).violations > 0, (key, dtype)
+
+
+def test_bf16_tables_backward_is_the_two_boundaries_backward_on_rounded_tables():
+    for dtype in DTYPES:
+        c, (x, cos, sin, grad) = case("canonical", dtype), inputs("canonical", dtype)
+        rounded = cos.bfloat16().float(), sin.bfloat16().float()
+        plain = semantics.qnorm_backward("two-boundaries")(x, *rounded, c.rotary, c.eps, grad)
+        assert torch.equal(bits(emulated("bf16-tables", ("qnorm_rope", "backward"), "canonical", dtype)), bits(plain))
 
 
 # --- the references themselves -------------------------------------------------------------------------------

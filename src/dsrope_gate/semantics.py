@@ -42,6 +42,7 @@ Backward (qnorm_rope)
   every-op-rounded autograd through the official eager q norm on x.dtype tensors: torch's derivative
                    formulas (mul, rsqrt's -0.5 * grad * result.pow(3), mean's grad / D, pow's grad * 2x, the
                    two gradients of x summed), every op's FP32 result rounded to x.dtype
+  bf16-tables      the contract's backward (two-boundaries) with cos and sin rounded to bf16 first
 The backward of partial_rope is the rotation by the conjugate table (sine negated): the rotation labels.
 
 A qnorm_rope forward emulation is a norm label with a rotation label, named "norm+rotation"; the
@@ -68,7 +69,7 @@ ROTATIONS = (
     "dtype-math",
 )
 NORMS = ("two-boundaries", "fp32-through", "rounded-rstd", "every-op-rounded")
-BACKWARDS = ("two-boundaries", "no-boundary-2", "every-op-rounded")
+BACKWARDS = ("two-boundaries", "no-boundary-2", "every-op-rounded", "bf16-tables")
 # One line per label: the report's and --help's definitions (the module docstring says more).
 LABELS = {
     "two-boundaries": "the contract: the normalized row rounded to x.dtype before the rotation (forward); the "
@@ -83,7 +84,7 @@ LABELS = {
     "leading-channels": "interleaved pairs in the leading R channels instead of the trailing ones",
     "truncating-store": "the contract's FP32 values stored with truncation toward zero",
     "fma-rotation": "each lane's product fused into the add (a GPU compiler's contraction; inside the model)",
-    "bf16-tables": "cos and sin rounded to bf16 before the rotation",
+    "bf16-tables": "cos and sin rounded to bf16 before the rotation (backward: the de-rotation's tables too)",
     "rotary-factor-twice": "the partial rotary factor applied twice: only the leading R*R/D channels of the rope "
     "slice turn",
     "dtype-math": "the rotation in x.dtype: cos and sin cast to it, each product and the sum rounded to it",
@@ -225,14 +226,17 @@ def every_op_rounded_backward(x, cos, sin, rotary: int, eps: float, grad) -> tor
 
 def qnorm_backward(label: str):
     """Autograd through F.rms_norm (in x.dtype, or FP32 for no-boundary-2), the FP32 interleaved
-    rotation and the cast to x.dtype; every-op-rounded: every_op_rounded_backward."""
+    rotation and the cast to x.dtype (bf16-tables: on tables rounded to bf16); every-op-rounded:
+    every_op_rounded_backward."""
 
     def emulate(x, cos, sin, rotary, eps, grad):
         if label == "every-op-rounded":
             return every_op_rounded_backward(x, cos, sin, rotary, eps, grad.expand(x.shape))
+        if label == "bf16-tables":
+            cos, sin = cos.bfloat16().float(), sin.bfloat16().float()
         xg = x.detach().clone().requires_grad_()
         d = x.shape[-1]
-        if label == "two-boundaries":
+        if label in ("two-boundaries", "bf16-tables"):
             y = F.rms_norm(xg, (d,), eps=eps).float()  # the upcast's backward rounds g' to x.dtype
         else:
             y = F.rms_norm(xg.float(), (d,), eps=eps)

@@ -141,6 +141,13 @@ MUTANTS = [
         ),
     ),
     mutant(
+        "semantics.bf16_tables_backward_keeps_fp32_tables",
+        SEMANTICS,
+        "qnorm_backward.emulate",
+        "the bf16-tables backward de-rotates with the FP32 tables (it becomes two-boundaries)",
+        ("            cos, sin = cos.bfloat16().float(), sin.bfloat16().float()\n", ""),
+    ),
+    mutant(
         "semantics.no_boundary_2_rounds_the_gradient",
         SEMANTICS,
         "qnorm_backward.emulate",
