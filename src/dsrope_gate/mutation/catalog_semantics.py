@@ -145,7 +145,7 @@ MUTANTS = [
         SEMANTICS,
         "qnorm_backward.emulate",
         "the bf16-tables backward de-rotates with the FP32 tables (it becomes two-boundaries)",
-        ("            cos, sin = cos.bfloat16().float(), sin.bfloat16().float()\n", ""),
+        ("cos, sin = cos.bfloat16().float(), sin.bfloat16().float()", "cos, sin = cos, sin"),
     ),
     mutant(
         "semantics.no_boundary_2_rounds_the_gradient",
