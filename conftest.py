@@ -11,7 +11,7 @@ import os
 # The checkout's src/ and reference/ are on the path through pyproject's [tool.pytest.ini_options]
 # pythonpath, ahead of any installed copy.
 # One pytest-xdist worker per GPU (gpu-tests -n k); must run before anything initialises CUDA.
-from dsrope_gate.gpu_pinning import pin_worker_to_gpu  # noqa: E402
+from dsrope_dev.gpu_pinning import pin_worker_to_gpu  # noqa: E402
 
 pin_worker_to_gpu()
 
@@ -27,10 +27,10 @@ from dsrope_gate.startup import interpret_without_gpu  # noqa: E402
 interpret_without_gpu()
 
 if torch.cuda.is_available() and os.environ.get("DSROPE_RECORD_SPECIALIZATIONS"):
-    # what this run compiles, for the list gpu-tests warms Triton's cache with (dsrope_gate.compile_cache)
+    # what this run compiles, for the list gpu-tests warms Triton's cache with (dsrope_dev.compile_cache)
     from pathlib import Path  # noqa: E402
 
-    from dsrope_gate import compile_cache  # noqa: E402
+    from dsrope_dev import compile_cache  # noqa: E402
 
     if compile_cache.hooks_available():
         compile_cache.record(Path(os.environ["DSROPE_RECORD_SPECIALIZATIONS"]))

@@ -1,9 +1,10 @@
-"""Sessions: tests (CPU, own venv), gpu-tests (CUDA, the environment it finds), lint, and the
-others the issues name (golden, verify, mutants, bench)."""
+"""Sessions: tests (CPU, own venv), gpu-tests (CUDA, the environment it finds), bits (the kernels' bits
+against a baseline's, the environment found), lint, and the others (golden, verify, mutants, bench)."""
 
 from __future__ import annotations
 
 import os
+import runpy
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -21,9 +22,11 @@ CPU_TORCH = "torch==2.13.0"
 # The triton releases the CPU suite runs the kernels' interpreter with: the oldest that pyproject.toml
 # claims and the newest on the package index when this was written (the H200 compiles with 3.6.0).
 TRITONS = ["3.9.0", "3.2.0"]
-# The Triton specializations gpu-tests compiles before its workers start (dsrope_gate.compile_cache)
+# The Triton specializations gpu-tests compiles before its workers start (dsrope_dev.compile_cache)
 SPECIALIZATIONS = ROOT / "tests" / "triton_specializations.jsonl.gz"
 RECORD = "DSROPE_RECORD_SPECIALIZATIONS"
+# The peers' pinned releases (src/dsrope_gate/pins.py, their one home), read without importing the gate (no torch)
+PINS = runpy.run_path(str(ROOT / "src" / "dsrope_gate" / "pins.py"))["PINS"]
 
 
 def checkout_path() -> str:
@@ -92,7 +95,7 @@ def tests(session: nox.Session, triton: str) -> None:
     install_cpu(session)
     session.install(f"triton=={triton}")
     # the peers whose pinned releases run on CPU (tests/test_presets.py; transformers is in the test extra)
-    session.install("--no-deps", "sglang==0.5.23", "nemo-automodel==0.7.0")
+    session.install("--no-deps", PINS["sglang"], PINS["nemo-automodel"])
     junit = Path(session.create_tmp()) / "junit.xml"
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", *pytest_args(session, junit, "auto"), env=env)
@@ -120,17 +123,32 @@ def gpu_tests(session: nox.Session) -> None:
         # core busy, so each compile runs single-threaded (the generated code is the same either way).
         "MLIR_DISABLE_MULTITHREADING": "1",
     }
+    # The kernel bits: compared with this card's committed snapshot (tests/test_golden.py), or, where none is
+    # committed, the one line saying how to check them against a baseline instead (those tests skip with it).
+    status = session.run("python", "-m", "dsrope_dev.bits", "--snapshot-status", env=env, silent=True)
+    session.log(status.strip().splitlines()[-1])
     # Every specialization the suite compiles, compiled once on every core before the workers start
-    # (dsrope_gate.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
+    # (dsrope_dev.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
     # the session says how much of it the list lacks.
     recorded = ROOT / "out" / "specializations"
     shutil.rmtree(recorded, ignore_errors=True)
-    cache = ["python", "-m", "dsrope_gate.compile_cache"]
+    cache = ["python", "-m", "dsrope_dev.compile_cache"]
     if os.environ.get("DSROPE_WARM", "1") != "0":
         session.run(*cache, "warm", str(SPECIALIZATIONS), env=env)
     session.run("python", *pytest_args(session, junit, gpu_workers()), env=env | {RECORD: str(recorded)})
     check_ran(session, junit)
     session.run(*cache, "missing", str(recorded), str(SPECIALIZATIONS), env=env)
+
+
+@nox.session(venv_backend="none")
+def bits(session: nox.Session) -> None:
+    """The bit-level regression check (dsrope_dev.bits), in the environment found (as gpu-tests): this tree's
+    kernels against a baseline's on this device, compiled on CUDA, interpreted on CPU.
+
+    `nox -s bits -- --baseline REF` (default: the merge base with main; `--baseline-src DIR` for an extracted
+    src/dsrope; `--cases NAME ...`); `nox -s bits -- --record` records this device's snapshot and its record.
+    Exit 0 no change, 1 changed bits, 2 a usage error, 3 no baseline (docs/regression-gate.md)."""
+    session.run("python", "-m", "dsrope_dev.bits", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
 @nox.session
@@ -176,7 +194,8 @@ def bench(session: nox.Session) -> None:
 def golden(session: nox.Session) -> None:
     """Regenerate the reference goldens from the reference and diff them against golden/ (tools/golden.py).
     Writes only with `-- --update`; `-- --update-snapshot` records this platform's kernel bits (here:
-    the interpreter). On a CUDA host, record its snapshot with `python -m tools.golden --update-snapshot`."""
+    the interpreter). An intended change of the kernels' bits is recorded with `nox -s bits -- --record` on each
+    platform (docs/regression-gate.md), which also writes the record."""
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", "-m", "tools.golden", *session.posargs, env=env | {"PYTHONPATH": checkout_path()})
@@ -203,9 +222,9 @@ def conformance(session: nox.Session) -> None:
     if not has_modules(session, "torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "safetensors"):
         install_cpu(session)
     if any(a.startswith("--preset") for a in session.posargs):
-        # the peers' pinned releases (dsrope_gate.presets.PINS; transformers comes with the test extra, and
-        # flash-attn's one module is fetched at first use), without their dependency trees
-        session.install("--no-deps", "veomni==0.1.12", "sglang==0.5.23", "nemo-automodel==0.7.0")
+        # the peers' pinned releases (transformers comes with the test extra, and flash-attn's and megatron-core's
+        # one module each is fetched at first use), without their dependency trees
+        session.install("--no-deps", PINS["veomni"], PINS["sglang"], PINS["nemo-automodel"])
     session.run("python", "-m", "dsrope_gate.conformance", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
@@ -218,7 +237,7 @@ def gpu_mutants(session: nox.Session) -> None:
 
 @nox.session(venv_params=["--system-site-packages"])
 def mutants(session: nox.Session) -> None:
-    """Mutation gate (dsrope_gate.mutation): every seeded kernel fault must fail the suite.
+    """Mutation gate (dsrope_dev.mutation): every seeded kernel fault must fail the suite.
 
     CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
     On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).

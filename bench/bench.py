@@ -29,12 +29,12 @@ Peers (dsrope_gate.presets): `--peers [NAMES]` times them forward beside ours (i
 decode; `--decode` the decode rows only: one call of each peer per timed call). `--backward [--peers
 [NAMES]]`: forward+backward rows of ours, the eager chain and the named peers (token-major x, one
 autograd.grad per timed call, under graph replay where it can be captured), cells saying why where
-a row is not timed (dsrope_gate.peer_timing).
+a row is not timed (dsrope_dev.peer_timing).
 
     python -m bench.bench --backward --peers         # forward+backward: every preset
     python -m bench.bench --decode --peers           # decode rows of ours and every peer
 
-The prefill and decode runs end with the project's targets (dsrope_gate.perf_targets, docs/perf.md
+The prefill and decode runs end with the project's targets (dsrope_dev.perf_targets, docs/perf.md
 Targets) checked on their rows: targets.md with a MISSED column, a summary line, exit status 1 when one is
 missed (--no-fail: 0).
 """
@@ -47,24 +47,34 @@ import datetime
 import functools
 import math
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench
 
 from dsrope import apply_partial_rope_triton, apply_partial_rope_triton_, qnorm_rope_triton  # noqa: E402
-from dsrope.qnorm_rope import forward_config  # noqa: E402
-from dsrope_gate import differential, perf_targets  # noqa: E402
+from dsrope_dev import perf_targets  # noqa: E402
+from dsrope_dev.timing import (  # noqa: E402
+    DECODE_CALLS,
+    DECODE_SAMPLES,
+    DECODE_SHAPES,
+    D,
+    R,
+    copy_bandwidth,
+    decode_inputs,
+    inplace_copy,
+    per_call_us,
+    per_replayed_call_us,
+    rows_copy,
+    settle_graph_replay,
+)
+from dsrope_gate import differential  # noqa: E402
 from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE  # noqa: E402
 
-D, R, EPS = 512, 64, 1e-6
+EPS = 1e-6
 TRITON_SAMPLES = 3
 SHAPES = [(b, h, s) for b in (1, 4) for h in (64, 128) for s in (4096, 16384)]
-DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]
-DECODE_CALLS, DECODE_REPLAYS, DECODE_SAMPLES = 200, 20, 5
 
 
 def eager_qnorm_rope(x, cos, sin):
@@ -112,13 +122,6 @@ def bytes_moved(kernel, direction, b, h, s):
     return {"forward": fwd, "backward": bwd, "forward+backward": fwd + bwd}[direction]
 
 
-def copy_bandwidth():
-    x = torch.empty(1 << 31, dtype=torch.bfloat16, device="cuda").normal_()  # 4 GiB, far above L2
-    y = torch.empty_like(x)
-    ms = do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
-    return 2 * (1 << 31) * 2 / (ms * 1e-3)
-
-
 def make_inputs(b, h, s, layout):
     if layout == "token_major":
         x = torch.randn(b, s, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -128,32 +131,6 @@ def make_inputs(b, h, s, layout):
     inv = 10000.0 ** (-torch.arange(R // 2, device="cuda", dtype=torch.float32) * 2 / R)
     ang = torch.cat((pos * inv, pos * inv), -1)[None].expand(b, s, R)
     return x, torch.cos(ang), torch.sin(ang)
-
-
-@triton.jit
-def _rows_copy(x, out, rows, S, H: tl.constexpr, D: tl.constexpr, XB, XH, XS, M: tl.constexpr):
-    """The QNorm forward's addressing with nothing between load and store: M token-major rows a program, each
-    read from x's layout (channels contiguous) and stored token-major. D a power of two."""
-    row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
-    token = row // H
-    ok = (row < rows)[:, None]
-    c = tl.arange(0, D).to(tl.int64)[None, :]
-    v = tl.load(x + ((token // S) * XB + (row % H) * XH + (token % S) * XS)[:, None] + c, mask=ok)
-    tl.store(out + (row * D)[:, None] + c, v, mask=ok)
-
-
-def rows_copy(x, out):
-    """x [B, H, S, D] (channels contiguous) copied into out's token-major rows by _rows_copy at the QNorm
-    forward's tile for x (its M rows a program and warps): the yardstick of a prefill forward row, what a copy
-    reaches when it reads x's layout and writes token-major rows as the forward must. On an H100 (2026-12-06,
-    `tools/decode_ceiling.py --prefill`, docs/decode.md) such a copy read 0.941-0.944 of the copy bandwidth
-    at 1 x 64 x 4096 head-major at five tiles, and the forward 0.943."""
-    b, h, s, d = x.shape
-    rows = b * h * s
-    config = forward_config(x)
-    grid = (triton.cdiv(rows, config["M"]),)
-    _rows_copy[grid](x, out, rows, s, h, d, x.stride(0), x.stride(1), x.stride(2), M=config["M"],
-                     num_warps=config.get("num_warps", 1))  # fmt: skip
 
 
 def rows_copy_fraction(x, copy):
@@ -324,61 +301,6 @@ def prefill(out, impls, shapes, versions):
 # --- decode: S=1, the host's launch overhead against the GPU's work ------------------------------
 
 
-def decode_inputs(b, h):
-    """x [B, H, 1, D] (a view of token-major storage, which at S=1 is also head-major contiguous),
-    cos/sin [B, 1, R] with each sequence at its own position, as in a decode step."""
-    x = torch.randn(b, 1, h, D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    pos = torch.randint(0, 1 << 16, (b, 1, 1), device="cuda").float()
-    inv = 10000.0 ** (-torch.arange(R // 2, device="cuda", dtype=torch.float32) * 2 / R)
-    ang = torch.cat((pos * inv, pos * inv), -1)
-    return x, torch.cos(ang), torch.sin(ang)
-
-
-def per_call_us(fn):
-    """Wall time of one call without CUDA graphs: DECODE_CALLS back-to-back calls between two
-    synchronizes, host clock; the median of DECODE_SAMPLES."""
-    samples = []
-    for _ in range(DECODE_SAMPLES):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(DECODE_CALLS):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / DECODE_CALLS * 1e6)
-    return statistics.median(samples)
-
-
-def replayed_call_samples(fn) -> list[float]:
-    """Wall times of one call under CUDA graph replay, us: DECODE_CALLS calls captured in one graph,
-    DECODE_REPLAYS replays between two synchronizes (host clock), DECODE_SAMPLES such measurements."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture (compiles, fills the caching allocator)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(DECODE_CALLS):
-            fn()
-    graph.replay()
-    samples = []
-    for _ in range(DECODE_SAMPLES):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(DECODE_REPLAYS):
-            graph.replay()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / (DECODE_REPLAYS * DECODE_CALLS) * 1e6)
-    del graph
-    return samples
-
-
-def per_replayed_call_us(fn) -> float:
-    """The median of replayed_call_samples."""
-    return statistics.median(replayed_call_samples(fn))
-
-
 def decode_row(kernel, b, h, impls=("triton", "eager", "compile")):
     x, cos, sin = decode_inputs(b, h)
     y = torch.empty_like(x)
@@ -396,13 +318,6 @@ def decode_row(kernel, b, h, impls=("triton", "eager", "compile")):
     return row
 
 
-def inplace_copy(x):
-    """A `copy_` of the in-place kernel's bytes at decode x [B, H, 1, D]: B*H*R elements, contiguous (the
-    reference of the in-place decode target)."""
-    src = torch.randn(x.shape[0] * x.shape[1] * R, device=x.device, dtype=x.dtype)
-    return functools.partial(torch.empty_like(src).copy_, src)
-
-
 def inplace_decode_times(x, cos, sin) -> dict:
     """The in-place partial RoPE under graph replay (on a copy of x, rotated again on every call) and
     inplace_copy, us per call."""
@@ -415,16 +330,6 @@ def inplace_decode_times(x, cos, sin) -> dict:
     )
     times["inplace_vs_copy_graph"] = times["inplace_graph_us"] / times["inplace_copy_graph_us"]
     return times
-
-
-def settle_graph_replay() -> None:
-    """Time one throwaway graph before the first row. Measured (H100, 2026-12-05): the first graph timed
-    in a process read low, against later timings of the same kernel in the same process: the bench's first
-    row, qnorm_rope at B = 1, H = 64, 1.31 us against 1.49-1.57 us in the sweeps, and the sweeps' first
-    tile 1.30 us against 1.46-1.48 us (docs/decode.md); the H200's first copy_ 0.95 us against 1.12 us.
-    Not explained; every row is timed after it, in the same state as its copy_."""
-    x = torch.empty(1 << 20, device="cuda")
-    replayed_call_samples(functools.partial(x.mul_, 1.0))
 
 
 def decode(out, shapes, versions, impls):
@@ -567,8 +472,9 @@ def inplace(out, shapes, decode_shapes, versions, peers):
 def fwd_bwd(out, shapes, versions, names):
     """One forward and its autograd.grad per timed call (_time_one's forward+backward), token-major x, for
     every implementation of the presets dsrope, eager-chain and `names`; where one is not timed its cell
-    says why (dsrope_gate.peer_timing). Writes fwd_bwd.csv and fwd_bwd.md."""
-    from dsrope_gate import peer_timing, presets
+    says why (dsrope_dev.peer_timing). Writes fwd_bwd.csv and fwd_bwd.md."""
+    from dsrope_dev import peer_timing
+    from dsrope_gate import presets
 
     impls = presets.load(["dsrope", "eager-chain", *names], "cuda", None, lambda msg: print(msg, flush=True))
     meta = f"{versions}; forward+backward, token-major x, the pair's CUDA graph replayed under do_bench, median (ms)"

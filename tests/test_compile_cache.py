@@ -1,4 +1,4 @@
-"""The warm-up of Triton's cache before gpu-tests (dsrope_gate.compile_cache): the list's bookkeeping
+"""The warm-up of Triton's cache before gpu-tests (dsrope_dev.compile_cache): the list's bookkeeping
 on CPU, and on CUDA that a warmed cache serves a fresh process's launch without a compile."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import triton
 
-from dsrope_gate import compile_cache
+from dsrope_dev import compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 LISTED = ROOT / "tests" / "triton_specializations.jsonl.gz"
@@ -77,7 +77,7 @@ def test_the_committed_list_names_kernels_that_exist():
 LAUNCH = """
 import json, sys, torch, triton
 from pathlib import Path
-from dsrope_gate import compile_cache
+from dsrope_dev import compile_cache
 import dsrope
 if sys.argv[1] == "record":
     compile_cache.record(Path(sys.argv[2]))

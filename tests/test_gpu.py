@@ -160,7 +160,7 @@ def test_qnorm_contiguous_tile_keeps_the_bits(batch, dim, dtype, monkeypatch):
 def test_qnorm_rows_on_warps_keep_the_bits(rows_per_program, warps, dtype, monkeypatch):
     """The QNorm forward with whole rows on each of several warps (CHUNK = one warp's pass over a row,
     dsrope.qnorm_rope.warp_pass) must store every bit (out and the saved rstd) that the one-warp tile
-    stores: each row's sum of squares is the same PTX at both (tools/rotation_ptx.py --rows-per-program);
+    stores: each row's sum of squares is the same PTX at both (docs/records/*-probes-removed.md);
     this holds it on the device, on decode rows spanning the dtype's range, on a head-major prefill x and on
     one of 123 rows (the last program holds fewer rows than M)."""
     import dsrope.qnorm_rope as module

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from dsrope_gate.gpu_pinning import gpu_for_worker, pin_worker_to_gpu
+from dsrope_dev.gpu_pinning import gpu_for_worker, pin_worker_to_gpu
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 8])

@@ -1,4 +1,4 @@
-"""The mutation runner's own machinery (dsrope_gate.mutation.runner): which files a scratch copy gets, in
+"""The mutation runner's own machinery (dsrope_dev.mutation.runner): which files a scratch copy gets, in
 a git checkout or not, and edits located by function. The catalog itself is checked against the kernels
 by `python -m tools.mutants --check` (a test here would run on every mutated copy, where the mutant's
 own edit no longer applies)."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsrope_gate.mutation import mutant, runner
+from dsrope_dev.mutation import mutant, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_stale_edits_fail_loudly(function, old):
 
 
 def test_a_partial_run_selects_modules_by_name_or_path_and_refuses_a_miss():
-    from dsrope_gate.mutation.runner import selected_tests
+    from dsrope_dev.mutation.runner import selected_tests
 
     files = ["tests/test_conformance.py", "tests/test_violations.py", "tests/test_rope.py"]
     assert selected_tests(files, "tests/test_violations.py") == ["tests/test_violations.py"]
@@ -109,3 +109,12 @@ def test_a_partial_run_selects_modules_by_name_or_path_and_refuses_a_miss():
     ]
     with pytest.raises(SystemExit, match="no test module matches test_nothing"):
         selected_tests(files, "test_nothing")
+
+
+def test_home_first_and_last_name_files_that_exist():
+    """Every source file of the HOME table exists and its test modules too, as do the FIRST and LAST modules:
+    a renamed test module would otherwise drop out of its mutants' first stage without a word."""
+    modules = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert all((ROOT / source).is_file() for source in runner.HOME)
+    assert {name for homes in runner.HOME.values() for name in homes} <= modules
+    assert all(any(m.startswith(prefix) for m in modules) for prefix in runner.FIRST + runner.LAST)

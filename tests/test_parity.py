@@ -91,7 +91,7 @@ def test_a_pair_known_to_differ_reads_its_share_and_reason(matrix):
 EAGER_Q = "eager-chain:F.rms_norm+fp32-rotation"
 EAGER_ROPE = "eager-chain:fp32-rotation"
 # (A, B, direction) -> bitwise-equal share per dtype (bf16, fp16, fp32) on the canonical and probe cases,
-# rounded to 4 decimals, as measured on 2026-12-04 (CPU, torch 2.13, triton 3.9's interpreter). qnorm_rope
+# rounded to 4 decimals, as measured (CPU, torch 2.13, triton 3.9's interpreter). qnorm_rope
 # in fp32: dsrope's kernel and sglang's compute rstd in another order than torch's F.rms_norm (the fp32
 # bits carry no semantics, docs/contract.md), which moves last bits of whole rows.
 PINNED = {
@@ -147,9 +147,35 @@ def test_reason(a, b, expected):
     assert parity.reason(a, b) == expected
 
 
+LABEL_SETS = [
+    ["two-boundaries", "interleaved"],
+    ["fp32-through", "interleaved"],
+    ["interleaved"],
+    ["interleaved", "truncating-store"],
+    ["half-split"],
+    [],
+    None,
+]
+
+
+@pytest.mark.parametrize("a", LABEL_SETS, ids=str)
+@pytest.mark.parametrize("b", LABEL_SETS, ids=str)
+def test_reason_read_from_both_sides(a, b):
+    """A pair's reason read from B's side is A's read backwards: "X vs Y" becomes "Y vs X", the rest stays."""
+    forward, backward = parity.reason(a, b), parity.reason(b, a)
+    if " vs " in forward:
+        left, right = forward.split(" vs ")
+        assert backward == f"{right} vs {left}", (forward, backward)
+        assert left != right
+    else:
+        assert backward == forward
+    if a is not None and b is not None and a != b:
+        assert " vs " in forward  # different labels never read as the same semantics
+
+
 def test_the_command_line_writes_markdown_json_and_picture(tmp_path):
     """`--parity` on two implementations given by --impl: the three files, the pair's row in the JSON."""
-    from dsrope_gate.conformance.cli import main
+    from dsrope_gate.cli import main
 
     impls = ["dsrope_gate.differential:eager_partial_rope", "dsrope:apply_partial_rope_triton"]
     argv = ["--parity", "--op", "partial_rope", "--device", "cpu", "--examples", "0", "--golden", str(tmp_path)]

@@ -1,4 +1,4 @@
-"""Property suite: hypothesis-drawn shapes, layouts and values (tests/strategies.py) for every
+"""Property suite: hypothesis-drawn shapes, layouts and values (dsrope_gate.strategies) for every
 public kernel, forward and backward.
 
 Properties, for apply_partial_rope_triton (rope), qnorm_rope_triton (qnorm) and rope_utils'

@@ -1,4 +1,4 @@
-"""apply_partial_rope_triton_: partial RoPE in place (issue 27).
+"""apply_partial_rope_triton_: partial RoPE in place.
 
 Error model: the rotary channels hold exactly the bits apply_partial_rope_triton gives them (the same
 expression, lane for lane), which the reference's model (dsrope_reference.rope) holds to its interval;

@@ -123,7 +123,7 @@ FREQUENCY_CASES = {
     "yarn_high_clamped": (64, 32768, 50.0, dict(V3_SCALING, factor=8, beta_slow=0.05)),
     # low == high == 0: the published +0.001 gives a step ramp (only pair 0 keeps its frequency)
     "yarn_zero_width_ramp": (8, 64, 10000.0, dict(V3_SCALING, factor=4, original_max_position_embeddings=4)),
-    # issue 28: paths the published configurations never reach, each pinned bit for bit to upstream below
+    # paths the published configurations never reach, each pinned bit for bit to upstream below
     # (and each failed no test before: mutants utils.yarn_skipped_at_factor_1, utils.yarn_below_original_length)
     "yarn_factor_1": (64, V3_MAX_SEQ, 10000.0, dict(V3_SCALING, factor=1)),  # the blend still runs in FP32
     "v3_below_original": (64, 2048, 10000.0, V3_SCALING),  # max_seq_len < original: plain frequencies

@@ -73,12 +73,12 @@ def failure(fn, op, **options) -> str:
     ids=["eager qnorm", "dsrope qnorm", "eager rope", "dsrope rope"],
 )
 def test_conforming_implementations_pass(fn, op, labels):
-    result = assert_conforms(fn, op, device=DEVICE, semantics=labels)
+    result = assert_conforms(fn, op, device=DEVICE, semantics=labels, examples=4)
     assert result["forward"]["verdict"] == "conforms" and result["backward"]["verdict"] == "conforms"
 
 
 def test_bf16_math_fails_with_the_element_and_a_reproduction():
-    text = failure(bf16_math, "partial_rope")
+    text = failure(bf16_math, "partial_rope", examples=0, golden=False)
     where = next(line for line in text.splitlines() if line.startswith("Where (case kind, dtype"))
     assert "canonical bfloat16" in where and "canonical float16" in where and "probe bfloat16" in where, where
     assert "float32" not in where, where  # in fp32, bf16 math is the contract's FP32 math
@@ -220,3 +220,252 @@ def test_every_reproduction_pastes_drawn_cases_too():
             got = scope[name]
             assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset(), (case.name, name)
             assert torch.equal(got.nan_to_num(1.5), want.nan_to_num(1.5)), (case.name, name)
+
+
+def refuses_fp16(x, cos, sin, rotary):
+    if x.dtype == torch.float16:
+        raise TypeError("x: float16 is not supported")
+    return eager_partial_rope(x, cos, sin, rotary)
+
+
+def refuses_everything(x, cos, sin, rotary):
+    raise NotImplementedError("no kernel for this input")
+
+
+class _DoubledGradient(torch.autograd.Function):
+    """The contract's forward; its backward is the contract's times two."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, rotary):
+        ctx.save_for_backward(cos, sin)
+        ctx.rotary = rotary
+        return eager_partial_rope(x.detach(), cos, sin, rotary)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return 2 * eager_partial_rope(grad, cos, -sin, ctx.rotary), None, None, None
+
+
+def doubled_gradient(x, cos, sin, rotary):
+    return _DoubledGradient.apply(x, cos, sin, rotary)
+
+
+SMALL = dict(examples=0, golden=False, dtypes=["bfloat16", "float16"], device=DEVICE)
+
+
+def test_a_partial_result_fails_the_assertion():
+    with pytest.raises(AssertionError) as error:
+        assert_conforms(refuses_fp16, "partial_rope", **SMALL)
+    text = str(error.value)
+    assert "partial_rope forward: partial:" in text and "refused (TypeError: x: float16 is not supported)" in text
+
+
+def test_a_result_with_nothing_run_fails_the_assertion():
+    with pytest.raises(AssertionError, match="partial_rope forward: not run: 0 of 0 elements"):
+        assert_conforms(refuses_everything, "partial_rope", **SMALL)
+
+
+def test_an_unknown_label_is_a_usage_error_that_lists_the_known_ones():
+    with pytest.raises(
+        ValueError, match=r"unknown label\(s\) \['interleave'\] for partial_rope; known: .*'interleaved'"
+    ):
+        assert_conforms(eager_partial_rope, "partial_rope", semantics="interleave", **SMALL)
+
+
+def test_bitwise_equal_with_its_defaults_compares_the_backward_too():
+    """Equal forwards, backwards apart by a factor of two: the default arguments judge the backward."""
+    with pytest.raises(AssertionError) as error:
+        assert_bitwise_equal(eager_partial_rope, doubled_gradient, "partial_rope", device=DEVICE)
+    text = str(error.value)
+    assert "backward: " in text and "forward: " not in text, text
+
+
+def exits(x, cos, sin, rotary):
+    os._exit(3)
+
+
+@pytest.mark.long
+def test_isolated_a_process_exit_fails_the_assertion_not_the_run():
+    with pytest.raises(AssertionError, match=r"crashed: exit status 3 in dsv4-bfloat16 \(forward\)"):
+        assert_conforms(exits, "partial_rope", isolate=True, **SMALL)
+
+
+MARKER_OPTIONS = textwrap.dedent(
+    """
+    import os
+
+    import pytest
+    import torch
+    from dsrope_gate.differential import eager_partial_rope
+    from my_rope_helpers import doubled_gradient
+
+    SMALL = dict(examples=0, golden=False, dtypes=["bfloat16"])
+    SEED0_SHAPES = {seed0_shapes!r}
+
+
+    def rope(x, cos, sin, rotary):
+        return eager_partial_rope(x, cos, sin, rotary)
+
+
+    def one_ulp_up(out):
+        return torch.where(out.isfinite(), torch.nextafter(out, torch.full_like(out, float("inf"))), out)
+
+
+    def wrong_on_float16(x, cos, sin, rotary):
+        out = eager_partial_rope(x, cos, sin, rotary)
+        return one_ulp_up(out) if x.dtype == torch.float16 else out
+
+
+    def wrong_off_the_canonical_rotaries(x, cos, sin, rotary):  # the drawn cases draw other rotaries
+        out = eager_partial_rope(x, cos, sin, rotary)
+        return out if rotary in (32, 64) else one_ulp_up(out)
+
+
+    def wrong_on_128_heads(x, cos, sin, rotary):  # only the golden Pro cases have 128 heads
+        out = eager_partial_rope(x, cos, sin, rotary)
+        return one_ulp_up(out) if x.shape[1] == 128 else out
+
+
+    def wrong_on_the_seed_0_case(x, cos, sin, rotary):
+        out = eager_partial_rope(x, cos, sin, rotary)
+        return one_ulp_up(out) if tuple(x.shape) in SEED0_SHAPES else out
+
+
+    def in_place(x, cos, sin, rotary):
+        x.copy_(eager_partial_rope(x.clone(), cos, sin, rotary))
+
+
+    def exits(x, cos, sin, rotary):
+        os._exit(3)
+
+
+    @pytest.mark.conforms("partial_rope", **SMALL)
+    def test_backward_judged():
+        return doubled_gradient
+
+
+    @pytest.mark.conforms("partial_rope", backward=False, **SMALL)
+    def test_backward_not_judged():
+        return doubled_gradient
+
+
+    @pytest.mark.conforms("partial_rope", examples=0, golden=False, dtypes=["float16"])
+    def test_dtypes_with_float16():
+        return wrong_on_float16
+
+
+    @pytest.mark.conforms("partial_rope", examples=0, golden=False, dtypes=["bfloat16", "float32"])
+    def test_dtypes_without_float16():
+        return wrong_on_float16
+
+
+    @pytest.mark.conforms("partial_rope", semantics="interleaved", **SMALL)
+    def test_semantics_its_own():
+        return rope
+
+
+    @pytest.mark.conforms("partial_rope", semantics=["interleaved", "half-split"], **SMALL)
+    def test_semantics_another():
+        return rope
+
+
+    @pytest.mark.conforms("partial_rope", semantics="interleave", **SMALL)
+    def test_semantics_unknown():
+        return rope
+
+
+    @pytest.mark.conforms("partial_rope", examples=3, golden=False, dtypes=["bfloat16"])
+    def test_examples_drawn():
+        return wrong_off_the_canonical_rotaries
+
+
+    @pytest.mark.conforms("partial_rope", **SMALL)
+    def test_examples_none():
+        return wrong_off_the_canonical_rotaries
+
+
+    @pytest.mark.conforms("partial_rope", examples=0, golden=True, dtypes=["bfloat16"])
+    def test_golden_judged():
+        return wrong_on_128_heads
+
+
+    @pytest.mark.conforms("partial_rope", **SMALL)
+    def test_golden_not_judged():
+        return wrong_on_128_heads
+
+
+    @pytest.mark.conforms("partial_rope", examples=3, seed=0, golden=False, dtypes=["bfloat16"])
+    def test_seed_0():
+        return wrong_on_the_seed_0_case
+
+
+    @pytest.mark.conforms("partial_rope", examples=3, seed=1, golden=False, dtypes=["bfloat16"])
+    def test_seed_1():
+        return wrong_on_the_seed_0_case
+
+
+    @pytest.mark.conforms("partial_rope", in_place=True, **SMALL)
+    def test_in_place_declared():
+        return in_place
+
+
+    @pytest.mark.conforms("partial_rope", **SMALL)
+    def test_in_place_not_declared():
+        return in_place
+
+
+    @pytest.mark.conforms("partial_rope", isolate=True, **SMALL)
+    def test_isolated_exit():
+        return exits
+    """
+)
+# test name -> whether it passes: each option of the marker, on and off, changes the verdict it should
+MARKER_EXPECTED = {
+    "test_backward_judged": False,
+    "test_backward_not_judged": True,
+    "test_dtypes_with_float16": False,
+    "test_dtypes_without_float16": True,
+    "test_semantics_its_own": True,
+    "test_semantics_another": False,
+    "test_semantics_unknown": False,
+    "test_examples_drawn": False,
+    "test_examples_none": True,
+    "test_golden_judged": False,
+    "test_golden_not_judged": True,
+    "test_seed_0": False,
+    "test_seed_1": True,
+    "test_in_place_declared": True,
+    "test_in_place_not_declared": False,
+    "test_isolated_exit": False,
+}
+
+
+@pytest.mark.long
+def test_every_marker_option_changes_the_verdict_it_should(tmp_path):
+    import inspect
+    import xml.etree.ElementTree as ET
+
+    from dsrope_gate import case_sets
+    from dsrope_gate.ops import PARTIAL_ROPE
+
+    seed0, seed1 = ({tuple(c.shape) for c in case_sets.sweep(PARTIAL_ROPE, 3, seed)} for seed in (0, 1))
+    only0 = seed0 - seed1 - {tuple(c.shape) for c in case_sets.canonical() + case_sets.probes()}
+    assert only0  # the option can only change the verdict where the cases differ
+    assert any(c.rotary not in (32, 64) for c in case_sets.sweep(PARTIAL_ROPE, 3, 0))
+    (tmp_path / "test_user.py").write_text(MARKER_OPTIONS.format(seed0_shapes=only0))
+    helpers = "import torch\nfrom dsrope_gate.differential import eager_partial_rope\n\n\n"
+    helpers += inspect.getsource(_DoubledGradient) + "\n\n" + inspect.getsource(doubled_gradient)
+    (tmp_path / "my_rope_helpers.py").write_text(helpers)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = os.environ | {"PYTHONPATH": f"{ROOT / 'src'}:{ROOT / 'reference'}:{tmp_path}", "CUDA_VISIBLE_DEVICES": ""}
+    argv = [sys.executable, "-m", "pytest", "-p", "dsrope_gate.pytest_plugin", "-p", "no:cacheprovider", "-q"]
+    run = subprocess.run(
+        [*argv, "--junitxml=junit.xml", "test_user.py"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    passed = {
+        case.get("name"): case.find("failure") is None and case.find("error") is None
+        for case in ET.parse(tmp_path / "junit.xml").getroot().iter("testcase")
+    }
+    assert passed == MARKER_EXPECTED, run.stdout[-4000:]
+    assert "unknown label(s) ['interleave']" in run.stdout

@@ -148,9 +148,15 @@ def negated_in_normal_rows(x, grad, cos, sin, rotary, eps):
     return torch.where(normal, -dx, dx)
 
 
-def judged(op, cases, impls) -> dict:
+def judged(op, cases, impls, accept=()) -> dict:
+    from dsrope_gate.conformance.calling import call
+
     prepared = [prepare(op, c, c.build("cpu")) for c in cases]
-    return {name: run_impl(name, fn, op, prepared, "cpu", lambda msg: None)[0] for name, fn in impls}
+    results = {}
+    for name, fn in impls:
+        caller = lambda case, inputs, fn=fn: call(op, fn, case, inputs)
+        results[name] = run_impl(name, caller, op, prepared, "cpu", lambda msg: None, accept=accept)[0]
+    return results
 
 
 META = {"date": "today", "device": "cpu", "torch": "t", "triton": "t", "cases": 4, "sweep": 0, "seed": 0}
@@ -194,6 +200,42 @@ def test_the_diagnosis_is_named_in_the_json_and_the_report_and_the_verdict_stays
     assert f"Diagnosis: {NAME}: " in short and short.count("Diagnosis:") == 1
 
 
+def test_an_accepted_diagnosis_lets_the_elements_it_explains_pass_and_no_other():
+    """accept=[the rstd^3 underflow]: the eager chain's backward conforms, the elements named; a backward wrong
+    in normal rows too is not explained, so nothing is accepted; a wrong sign is never accepted."""
+    results = judged(
+        QNORM_ROPE,
+        CASES,
+        [
+            ("eager", eager_qnorm_rope),
+            ("wrong sign", with_backward(lambda *a: -eager_dx(*a))),
+            ("negated in normal rows", with_backward(negated_in_normal_rows)),
+        ],
+        accept=(NAME,),
+    )
+    backward = results["eager"]["backward"]
+    assert backward["verdict"] == "conforms" and backward["conforms"] is True
+    assert backward["accepted"] == {"diagnosis": NAME, "elements": backward["outside_model"]}
+    assert backward["outside_model"] > 0  # still counted and shown: accepted, not hidden
+    from dsrope_gate.conformance.judging import verdict_text
+
+    text = verdict_text(backward, results["eager"])
+    assert text == f"conforms ({backward['outside_model']} elements accepted: {NAME})", text
+    for name in ("wrong sign", "negated in normal rows"):
+        wrong = results[name]["backward"]
+        assert wrong["verdict"] == "does not conform" and wrong["accepted"] is None, name
+
+
+def test_accept_takes_known_diagnoses_only():
+    import pytest
+
+    from dsrope_gate.diagnoses import KNOWN, check_accepted
+
+    assert check_accepted([NAME]) == (NAME,) and NAME in KNOWN
+    with pytest.raises(ValueError, match=r"unknown diagnosis \['rstd underflow'\]; known: \['fp32 underflow"):
+        check_accepted(["rstd underflow"])
+
+
 def moves_leading_channels(x, cos, sin, rotary):
     """The contract's output with every leading (copied) channel of the rows of x's rms in [1, 10) moved up by
     STEPS[dtype] ulps."""
@@ -235,3 +277,48 @@ def test_groups_count_the_moved_elements_by_kind_dtype_magnitude_and_ulp(tmp_pat
     assert forward["max_ulp"] == 20 and forward["diagnosis"] is None
     assert results[0]["backward"]["where"] == [] and results[0]["backward"]["ulp_histogram"] == {}
     assert PARTIAL_ROPE.diagnoses == {}
+
+
+def test_decades_of_row_rms_below_one_included():
+    assert [violations.decade(v) for v in (0.5, 0.05, 0.1, 1.0, 9.99, 10.0, 5e-30, 3e17)] == [
+        "[1e-1, 1e0)",
+        "[1e-2, 1e-1)",
+        "[1e-1, 1e0)",
+        "[1e0, 1e1)",
+        "[1e0, 1e1)",
+        "[1e1, 1e2)",
+        "[1e-30, 1e-29)",
+        "[1e17, 1e18)",
+    ]
+    assert violations.decade(0.0) == "0"
+    assert violations.decade(math.inf) == violations.decade(math.nan) == "non-finite"
+
+
+def moves_every_leading_channel(x, cos, sin, rotary):
+    out = eager_partial_rope(x, cos, sin, rotary)
+    lead = torch.arange(x.shape[-1]) < x.shape[-1] - rotary
+    return torch.where(lead, torch.nextafter(out, torch.full_like(out, math.inf)), out)
+
+
+def test_groups_hold_rows_of_every_magnitude_below_one_included():
+    """Rows of rms 2^-20 .. 2^20 (decades 1e-7 .. 1e6) in one case: each decade's group counts its rows'
+    elements (D a row) and the moved leading channels (D - R a row) of those rows only."""
+    exponents = [-20.0, -10.0, -4.0, -1.0, 0.0, 3.0, 10.0, 20.0]
+    x = rows_of_rms(exponents, torch.float32, d=96)
+    cos, sin = tables(1, 1, 32, seed=3, device="cpu")
+    grad = torch.ones_like(x)
+    case = Case("magnitudes", tuple(x.shape), 32, "float32", Drawn(Values("normal", 0), Tables("angles", 0),
+                Values("normal", 0)))  # fmt: skip
+    p = prepare(PARTIAL_ROPE, case, Inputs(x, cos, sin, grad))
+    from dsrope_gate.conformance.calling import call
+
+    caller = lambda c, inputs: call(PARTIAL_ROPE, moves_every_leading_channel, c, inputs)
+    result, _ = run_impl("moves", caller, PARTIAL_ROPE, [p], "cpu", lambda m: None)
+    groups = {g["x_row_rms"]: (g["outside"], g["elements"]) for g in result["forward"]["where"]}
+    expected: dict[str, tuple] = {}
+    for e in exponents:
+        key = violations.decade(2.0**e)
+        outside, elements = expected.get(key, (0, 0))
+        expected[key] = (outside + 96 - 32, elements + 96)
+    assert groups == expected, (groups, expected)
+    assert "[1e-7, 1e-6)" in groups and "[1e-2, 1e-1)" in groups and "[1e-1, 1e0)" in groups

@@ -1,4 +1,4 @@
-"""The YaRN paths that DeepSeek-V3's own configuration never reaches, pinned bit for bit (issue 28).
+"""The YaRN paths that DeepSeek-V3's own configuration never reaches, pinned bit for bit.
 
 DeepSeek-V3 (d 64, theta 1e4, factor 40, beta 32/1, original 4096) takes one path through YaRN: a ramp
 from pair 10 to 23, neither bound clamped, a factor above 1, a max_seq_len above the original length.
@@ -17,7 +17,7 @@ independently of dsrope's code and of reference/'s transcription; every comparis
 FP64) bit patterns, so -0.0 against 0.0 or one ulp anywhere fails. Each configuration also asserts
 the path it reaches (the transcription's ramp bounds) and, where one exists, that a plausible
 fault would change the bits, so the case is not vacuous.
-Mutants of tools/mutants.py that only these tests kill (the block "YaRN edge paths (issue 28)"):
+Mutants that only these tests kill (dsrope_dev.mutation.catalog_rope_utils, the YaRN paths' block):
 utils.yarn_skipped_at_factor_1, utils.yarn_applied_below_original, utils.yarn_low_clamped_at_top,
 utils.yarn_high_clamped_at_zero, utils.mscale_zero_as_default.
 """

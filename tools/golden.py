@@ -1,4 +1,6 @@
-"""Golden tensors from the command line (the store itself: dsrope_gate.golden).
+"""Golden tensors from the command line (the store itself: dsrope_gate.golden). Use it after a change to the
+reference or to the golden cases (regenerate and diff, then --update to store), and after an intended change
+of the kernels' bits on a platform (--update-snapshot records that platform's snapshot).
 
 python -m tools.golden                    regenerate from the reference in memory, diff vs golden/
 python -m tools.golden --update           ... and write golden/reference/ and golden/manifest.json

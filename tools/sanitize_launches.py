@@ -2,8 +2,9 @@
 memcheck (no reference, no asserts beyond finiteness): D not a power of two, odd D, R/2 not a power of
 two, R = D, R = 2, storage offsets, padded and permuted strides, stride-0 tables and gradients.
 
-Run through `nox -s sanitize`, which sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor
-is its own allocation and a read or write one element past a buffer is an error memcheck sees.
+Run through `nox -s sanitize` (tools/gpu_run.sh's gate) after any change to a kernel's addressing or masks;
+the session sets PYTORCH_NO_CUDA_MEMORY_CACHING=1 so that every tensor is its own allocation and a read or
+write one element past a buffer is an error memcheck sees.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
-"""Tune the DSV4 kernels on CUDA: rows per program (M) and warps, for a token-major and a
-head-major input, at a small and a large DSV4 shape.
+"""The kernels' tiles on CUDA: use it when a kernel or a launcher's tile changes, or on a new GPU, to choose
+rows per program (M) and warps (the launchers' tile_config calls and the decode tiles of rope.py and
+qnorm_rope.py take the winners; bits do not depend on the tile except where a launcher says so).
 
-Prints one line per config (median time, GB/s, fraction of the copy bandwidth measured in the same
-run, registers and spills) and the best config per (kernel, shape, layout); writes the rows as CSV.
-Every config is compiled first in parallel worker processes (they fill Triton's cache), so the
-timing process only loads kernels. The winners go into the launchers' tile_config(dim, elements,
-warps) calls.
+Times every config of each kernel on a token-major and a head-major input at a small and a large DSV4 shape:
+one line per config (median time, GB/s, share of the copy bandwidth measured in the same run, registers
+and spills), the best config per (kernel, shape, layout), the rows as CSV. Every config is compiled first
+in parallel worker processes (they fill Triton's cache), so the timing process only loads kernels. With
+--decode, also the decode rows under CUDA graph replay (us per call beside a copy_ of the same bytes) and
+the launcher's own tile at each.
 
-    python -m tools.sweep --out out/sweep [--baseline DIR]
-    python -m tools.sweep --one qnorm_bwd token_major 8 1 [--baseline DIR]   # 3 launches, for ncu
-
---baseline DIR: also time the kernels of old_rope.py / old_qnorm_rope.py found in DIR (an earlier
-version, at its own config) in the same run, for an A/B comparison; its `_qnorm_rope` is the one-tile
-form before the split (no RBLOCK); `bash tools/baseline.sh` writes them (3e8890d's) to sweep_baseline/, with
-that tree's whole package in old_src/, which the old modules are imported from (load_baseline).
-
-    python -m tools.sweep --kernels rope qnorm_fwd --decode [--baseline DIR]   # also the decode rows (graph replay)
-    python -m tools.sweep --kernels rope qnorm_fwd --decode-only [--baseline DIR]   # the decode rows alone
+    python -m tools.sweep --out out/sweep
+    python -m tools.sweep --kernels rope qnorm_fwd --decode        # also the decode rows (graph replay)
+    python -m tools.sweep --kernels rope_inplace --decode-only     # the decode rows alone
+    python -m tools.sweep --one qnorm_bwd token_major 8 1          # 3 launches of one config, for ncu
 """
 
 from __future__ import annotations
@@ -24,22 +20,28 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
-import importlib
 import itertools
 import multiprocessing
 import statistics
-import sys
 from pathlib import Path
-from unittest import mock
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton.testing import do_bench  # noqa: E402
+import torch
+import triton
+from triton.testing import do_bench
 
-from dsrope import qnorm_rope, rope  # noqa: E402
-from dsrope_gate.targets import load_module  # noqa: E402
+from dsrope import qnorm_rope, rope
+from dsrope_dev.timing import (
+    DECODE_SHAPES,
+    D,
+    R,
+    copy_bandwidth,
+    decode_inputs,
+    inplace_copy,
+    per_replayed_call_us,
+    settle_graph_replay,
+)
 
-D, R, EPS = 512, 64, 1e-6
+EPS = 1e-6
 SHAPES = [(1, 64, 4096), (1, 128, 16384)]
 LAYOUTS = ("token_major", "head_major")
 KERNELS = ("rope", "qnorm_fwd", "qnorm_bwd", "rope_inplace")
@@ -55,7 +57,6 @@ INPLACE_CONFIGS = [
     if 4 <= m * R // (32 * w) <= 64 and g <= m  # 4 to 64 elements per thread
 ]
 # decode (S = 1, B * H rows): fewer rows per program, timed under CUDA graph replay
-DECODE_SHAPES = [(b, h) for b in (1, 8, 64, 256) for h in (64, 128)]  # bench.bench's
 DECODE_CONFIGS = [dict(M=m, num_warps=w) for m, w in itertools.product((2, 4, 8, 16, 32), (1, 2, 4)) if m * R >= 32 * w]
 
 
@@ -71,7 +72,7 @@ def tensors(b, h, s, layout):
     return x, g, torch.cos(ang), torch.sin(ang), out, rstd
 
 
-def launch(kernel, t, config, old=None):
+def launch(kernel, t, config):
     """(bytes that must move, a function launching one config of `kernel` on tensors t)."""
     x, g, cos, sin, out, rstd = t
     b, h, s, _ = x.shape
@@ -81,78 +82,28 @@ def launch(kernel, t, config, old=None):
     geometry = (rows, s, h, D, R)
     tables = (*cos.stride(), *sin.stride())
     kw = dict(config, BLOCK=D)
-    mod_rope, mod_qnorm = old or (rope, qnorm_rope)
     if kernel == "rope":
-        return 2 * n, lambda: mod_rope._rotate[grid](
-            x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw
-        )
+        return 2 * n, lambda: rope._rotate[grid](x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw)
     if kernel == "rope_split":  # the decode form (rope.rotate_config)
-        return 2 * n, lambda: mod_rope._rotate_split[grid](
+        return 2 * n, lambda: rope._rotate_split[grid](
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **dict(kw, RBLOCK=R)
-        )
-    if kernel == "rope_inplace" and old:  # the earlier kernel: M consecutive token-major rows
-        return 2 * rows * R * 2, lambda: mod_rope._rotate_inplace[grid](
-            x, cos, sin, *geometry, *x.stride(), *tables, **dict(config, BLOCK=R)
         )
     if kernel == "rope_inplace":  # x rotated again on every call: only the R rotary channels move
         config = dict(config, GROUP=config.get("GROUP", min(config["M"], triton.next_power_of_2(h))), BLOCK=R)
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )
-    if kernel == "qnorm_fwd":  # the split form (RBLOCK, CHUNK); the earlier kernel had one tile a row
+    if kernel == "qnorm_fwd":
         chunk = qnorm_rope.row_chunk(D, x.element_size(), config["num_warps"])
-        kw = kw if old else dict(kw, RBLOCK=R, CHUNK=chunk)
-        return 2 * n + rows * 4, lambda: mod_qnorm._qnorm_rope[grid](
+        kw = dict(kw, RBLOCK=R, CHUNK=chunk)
+        return 2 * n + rows * 4, lambda: qnorm_rope._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )
-    return 3 * n + rows * 4, lambda: mod_qnorm._qnorm_rope_backward[grid](
+    return 3 * n + rows * 4, lambda: qnorm_rope._qnorm_rope_backward[grid](
         x, g, cos, sin, rstd, out, *geometry, *x.stride(), *g.stride(), *tables, **kw
     )
 
 
-def _plain_function(*args, **kwargs):
-    """torch.library.custom_op for a baseline's modules: the function itself, registered nowhere."""
-
-    def keep(fn):
-        fn.register_fake = lambda fake: fake
-        return fn
-
-    return keep
-
-
-def load_baseline(folder):
-    """(rope, qnorm_rope) of the earlier tree in folder: its whole package from old_src/src (tools/baseline.sh),
-    imported beside this tree's, so that its modules import the helpers of their own tree (3e8890d's
-    qnorm_rope.py needs a dsrope.tiles.spread_rows that this tree no longer has); else old_rope.py and
-    old_qnorm_rope.py alone, which import this tree's helpers."""
-    package = Path(folder) / "old_src" / "src"
-    if not (package / "dsrope").is_dir():
-        return tuple(load_module(name, Path(folder) / f"{name}.py") for name in ("old_rope", "old_qnorm_rope"))
-    ours = {name: module for name, module in sys.modules.items() if name.split(".")[0] == "dsrope"}
-    for name in ours:
-        del sys.modules[name]
-    path = str(package.resolve())
-    sys.path.insert(0, path)
-    # the old modules define the same torch.library ops (dsrope::...), and torch lets a later definition replace
-    # an earlier one: left alone, this tree's ops would run the old launchers for the rest of the process
-    unregistered = mock.patch.multiple(torch.library, custom_op=_plain_function, register_autograd=lambda *a, **k: None)
-    try:
-        with unregistered:
-            old = importlib.import_module("dsrope.rope"), importlib.import_module("dsrope.qnorm_rope")
-    finally:
-        sys.path.remove(path)
-        for name in [name for name in sys.modules if name.split(".")[0] == "dsrope"]:
-            del sys.modules[name]
-        sys.modules.update(ours)
-    return old
-
-
-BASELINE = {
-    "rope": dict(M=2, num_warps=1),
-    "qnorm_fwd": dict(M=4, num_warps=1),
-    "qnorm_bwd": dict(M=8, num_warps=1),
-    "rope_inplace": dict(M=16, num_warps=1),
-}
 KERNEL_CHOICE = list(KERNELS)  # --kernels
 
 
@@ -162,14 +113,11 @@ QNORM_DECODE_CONFIGS = [dict(M=m, num_warps=1) for m in (1, 2, 4, 8)]
 QNORM_DECODE_CONFIGS += [dict(M=w * k, num_warps=w) for w in (2, 4, 8) for k in (1, 2, 4)]
 
 
-def jobs(baseline):
+def jobs():
     for kernel in KERNEL_CHOICE:
         configs = {"rope_inplace": INPLACE_CONFIGS, "qnorm_fwd": QNORM_CONFIGS}.get(kernel, CONFIGS)
         for config in configs:
-            yield kernel, config, False
-    if baseline:
-        for kernel in KERNEL_CHOICE:
-            yield kernel, BASELINE[kernel], True
+            yield kernel, config
 
 
 def slice_ceiling(t):
@@ -180,40 +128,27 @@ def slice_ceiling(t):
     return 2 * b * h * s * R * 2, lambda: rotary.mul_(1.0)
 
 
-def decode(old):
+def decode():
     """The decode sweeps of the kernels chosen (--kernels): rope, qnorm_fwd and rope_inplace."""
-    from bench.bench import settle_graph_replay
-
     settle_graph_replay()
     if "rope" in KERNEL_CHOICE:
-        decode_rope(old)
+        decode_rope()
     if "qnorm_fwd" in KERNEL_CHOICE:
-        decode_qnorm(old)
+        decode_qnorm()
     if "rope_inplace" in KERNEL_CHOICE:
-        decode_inplace(old)
+        decode_inplace()
 
 
-# the earlier out-of-place kernel's decode tiles (3e8890d's spread_rows on 132 SMs: M = 1 below 528 rows)
-OLD_ROPE_DECODE = [dict(M=1, num_warps=1), dict(M=2, num_warps=1)]
-
-
-def decode_rope(old):
+def decode_rope():
     """The out-of-place kernels at decode under CUDA graph replay (us per call): the split kernel at every config
-    with M <= 8, the whole-row kernel at M = 1, 2 (one warp), the launcher (rope.rotate_config), the earlier kernel
-    (--baseline) at its launcher's tiles, and a copy_ of the same bytes."""
-    from bench.bench import decode_inputs, per_replayed_call_us
-
+    with M <= 8, the whole-row kernel at M = 1, 2 (one warp), the launcher (rope.rotate_config), and a copy_ of
+    the same bytes."""
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         t = (x, None, cos, sin, torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype), None)
         found = [(per_replayed_call_us(launch("rope_split", t, c)[1]), "split", c) for c in CONFIGS if c["M"] <= 8]
         whole = [dict(M=m, num_warps=1) for m in (1, 2)]
         found += [(per_replayed_call_us(launch("rope", t, c)[1]), "whole-row", c) for c in whole]
-        if old:
-            found += [(per_replayed_call_us(launch("rope", t, c, old)[1]), "old", c) for c in OLD_ROPE_DECODE]
-        if old and hasattr(old[0], "_rotate_split"):  # a baseline with the split kernel: at this tree's tiles
-            small = [c for c in CONFIGS if c["M"] <= 8]
-            found += [(per_replayed_call_us(launch("rope_split", t, c, old)[1]), "old split", c) for c in small]
         y = torch.empty_like(x)
         copy = per_replayed_call_us(functools.partial(y.copy_, x))
         for us, version, c in sorted(found, key=lambda f: f[0]):
@@ -225,21 +160,16 @@ def decode_rope(old):
               f"{us:.2f} us ({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
 
 
-def decode_qnorm(old):
+def decode_qnorm():
     """The QNorm forward at decode under CUDA graph replay (us per call): one warp at M = 1, 2, 4, 8 and whole
-    rows on 2, 4 and 8 warps at 1, 2 and 4 rows a warp (QNORM_DECODE_CONFIGS: each row's sum the same PTX at
-    every one, tools/rotation_ptx.py --rows-per-program), the launcher (forward_config), the earlier kernel
-    (--baseline) at its tile (M = 4), and a copy_ of x's bytes."""
-    from bench.bench import decode_inputs, per_replayed_call_us
-
+    rows on 2, 4 and 8 warps at 1, 2 and 4 rows a warp (QNORM_DECODE_CONFIGS: each row's sum the same bits at
+    every one, tests/test_gpu.py::test_qnorm_rows_on_warps_keep_the_bits), the launcher (forward_config), and a
+    copy_ of x's bytes."""
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         out = torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype)
         t = (x, None, cos, sin, out, torch.empty(b * h, device="cuda", dtype=torch.float32))
-        found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "new", c) for c in QNORM_DECODE_CONFIGS]
-        if old:
-            was = BASELINE["qnorm_fwd"]
-            found.append((per_replayed_call_us(launch("qnorm_fwd", t, was, old)[1]), "old", was))
+        found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "tile", c) for c in QNORM_DECODE_CONFIGS]
         y = torch.empty_like(x)
         copy = per_replayed_call_us(functools.partial(y.copy_, x))
         for us, version, c in sorted(found, key=lambda f: f[0]):
@@ -251,15 +181,13 @@ def decode_qnorm(old):
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
 
 
-def decode_inplace(old):
+def decode_inplace():
     """The in-place kernel's decode tiles under CUDA graph replay (us per call): rows per program, warps and
     GROUP (heads of one token side by side; M // GROUP tokens a tile) at every tile that the shape's tokens
     fill from B = 8 up (inplace_groups), the launcher (rope.inplace_config) and a torch mul_ of the rotary
     slice and a `copy_` of the kernel's bytes (B*H*R contiguous elements, the bench's in-place reference).
     INPLACE_ROUNDS rounds, each timing every tile once in turn, so that a drift of the device reaches all
     tiles alike; the median of the rounds is printed, the rounds' spread beside it."""
-    from bench.bench import decode_inputs, inplace_copy, per_replayed_call_us
-
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         t = (x, None, cos, sin, None, None)
@@ -277,11 +205,8 @@ def decode_inplace(old):
         tile = f"M={launcher['M']} GROUP={launcher['GROUP']} warps={launcher.get('num_warps')}"
         print(f"decode B={b} H={h} launcher {tile}: {spread[-1]}", flush=True)
         ceiling = per_replayed_call_us(slice_ceiling(t)[1])
-        old_us = per_replayed_call_us(launch("rope_inplace", t, BASELINE["rope_inplace"], old)[1]) if old else None
-        old_text = f"{old_us:.2f}" if old else "-"
         copy = per_replayed_call_us(inplace_copy(x))
-        tail = f"torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us"
-        print(f"decode B={b} H={h} old {old_text} us, {tail}", flush=True)
+        print(f"decode B={b} H={h} torch slice mul_ {ceiling:.2f} us, copy_ {copy:.2f} us", flush=True)
 
 
 INPLACE_ROUNDS = 3
@@ -299,22 +224,20 @@ def inplace_groups(m, b, h):
 
 def compile_some(args):
     """Worker: launch each of its configs once on a small tensor set (fills Triton's cache)."""
-    part, parts, baseline, kernels = args
+    part, parts, kernels = args
     KERNEL_CHOICE[:] = kernels
-    old = load_baseline(baseline) if baseline else None
     for layout in LAYOUTS:
         t = tensors(1, 64, 256, layout)
-        for i, (kernel, config, is_old) in enumerate(jobs(baseline)):
+        for i, (kernel, config) in enumerate(jobs()):
             if i % parts == part:
-                launch(kernel, t, config, old if is_old else None)[1]()
+                launch(kernel, t, config)[1]()
     torch.cuda.synchronize()
     return part
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m tools.sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="out/sweep")
-    parser.add_argument("--baseline", default="")
     parser.add_argument("--workers", type=int, default=12)
     parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     decode_help = "rope, qnorm_fwd and rope_inplace at decode shapes (graph replay)"
@@ -325,35 +248,29 @@ def main():
     KERNEL_CHOICE[:] = args.kernels
     if args.one:
         kernel, layout, m, warps = args.one
-        old = load_baseline(args.baseline) if args.baseline else None
         t = tensors(*SHAPES[-1], layout)
-        fn = launch(kernel, t, dict(M=int(m), num_warps=int(warps)), old)[1]
+        fn = launch(kernel, t, dict(M=int(m), num_warps=int(warps)))[1]
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
         return
     if args.decode_only:
-        decode(load_baseline(args.baseline) if args.baseline else None)
+        decode()
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        pool.map(compile_some, [(p, args.workers, args.baseline, args.kernels) for p in range(args.workers)])
+        pool.map(compile_some, [(p, args.workers, args.kernels) for p in range(args.workers)])
     print("compiled", flush=True)
 
-    old = load_baseline(args.baseline) if args.baseline else None
-    # the benchmark's copy bandwidth, so that "of copy" means the same in the sweep and in bench.py
-    # (imported here, not at the top: the spawned compile workers need none of bench.py)
-    from bench.bench import copy_bandwidth
-
-    copy = copy_bandwidth()
+    copy = copy_bandwidth()  # the bench's, so that "of copy" means the same in the sweep and in the bench
     print(f"copy {copy / 1e9:.0f} GB/s", flush=True)
     rows = []
     for (b, h, s), layout in itertools.product(SHAPES, LAYOUTS):
         t = tensors(b, h, s, layout)
-        for kernel, config, is_old in jobs(args.baseline):
-            nbytes, fn = launch(kernel, t, config, old if is_old else None)
+        for kernel, config in jobs():
+            nbytes, fn = launch(kernel, t, config)
             compiled = fn()
             ms = do_bench(fn, warmup=25, rep=60, return_mode="median")
             row = dict(
@@ -362,7 +279,6 @@ def main():
                 H=h,
                 S=s,
                 layout=layout,
-                version="old" if is_old else "new",
                 M=config["M"],
                 group=config.get("GROUP", ""),
                 warps=config["num_warps"],
@@ -386,16 +302,14 @@ def main():
         writer.writeheader()
         writer.writerows(rows)
     if args.decode:
-        decode(old)
-    print("\nbest per kernel, shape, layout (and the old kernel in the same run):")
+        decode()
+    print("\nbest per kernel, shape, layout:")
     for key, group in itertools.groupby(
         sorted(rows, key=lambda r: (r["kernel"], r["B"], r["H"], r["S"], r["layout"])),
         key=lambda r: (r["kernel"], r["B"], r["H"], r["S"], r["layout"]),
     ):
-        group = list(group)
-        new = max((r for r in group if r["version"] == "new"), key=lambda r: r["of_copy"])
-        olds = [r["of_copy"] for r in group if r["version"] == "old"]
-        print(key, f"best M={new['M']} warps={new['warps']} {new['of_copy']}", f"old {olds[0]}" if olds else "")
+        best = max(group, key=lambda r: r["of_copy"])
+        print(key, f"best M={best['M']} warps={best['warps']} {best['of_copy']}")
 
 
 if __name__ == "__main__":

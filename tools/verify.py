@@ -1,5 +1,6 @@
 """The accuracy report (nox -s verify): every kernel on the canonical cases and the golden inputs against
-the reference, the goldens and other implementations. The report itself: dsrope_gate.verify.
+the reference, the goldens and other implementations. Use it after a kernel change and on every new device,
+to read each kernel's worst error and error budget, not only a pass. The report itself: dsrope_gate.verify.
 
     python -m tools.verify [--out DIR]
 """

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, negated, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -71,12 +71,12 @@ def _qnorm_rope(
     lane - SHIFT, as _row_tile) at [row, g, k]. With rows on the first axis the compiler gives each warp
     whole rows, at any number of warps, and each thread the lanes it holds at one warp; CHUNK is one pass
     of a warp over the row (32 threads x one 16-byte vector), so a row's sum is the same additions in the
-    same order at every rows-per-program and warps (`python -m tools.rotation_ptx --rows-per-program`).
+    same order at every rows-per-program and warps (tests/test_gpu.py::test_qnorm_rows_on_warps_keep_the_bits).
     The leading D - R channels stored from that tile, the R rotary channels on an [M, RBLOCK] tile of
     their own (loaded again: the same cache lines), rotated as partial RoPE rotates them (partner from
     registers, one table load per pair, rotate_lane). The rotation's arithmetic on the rotary tile only:
-    on the whole row's tile every lane paid its partner and table addressing (docs/decode.md: the QNorm
-    forward 1.77-1.93x copy at decode).
+    on the whole row's tile every lane paid its partner and table addressing (docs/records/*-tuning.md,
+    "QNorm forward").
     """
     # int64 from the start: row * D and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -106,7 +106,7 @@ def _qnorm_rope(
     own = (own * r[:, None]).to(dtype).to(tl.float32)
     partner = swap_pairs(own, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
-    rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, negated(partner)) * sn)
     tl.store(out_row + rotary_channel, rotated.to(dtype), mask=in_slice)
 
 
@@ -131,34 +131,23 @@ def _qnorm_rope_backward(
     # Boundary 2: the de-rotated gradient is rounded to x.dtype before the RMSNorm backward.
     # first of a pair: ga*c + gb*s; second: gb*c - ga*s
     dtype = out.dtype.element_ty
-    derotated = (g * cs + tl.where(second, -g_partner, g_partner) * sn).to(dtype).to(tl.float32)
+    derotated = (g * cs + tl.where(second, negated(g_partner), g_partner) * sn).to(dtype).to(tl.float32)
     g = tl.where(rot, derotated, g)
 
     mean = tl.sum(g * xhat, axis=1)[:, None] / D
     tl.store(out + (row * D)[:, None] + c, (r * (g - xhat * mean)).to(dtype), mask=valid)
 
 
-# Elements per program of the forward's tile (tile_config), one warp (two or four change rstd's bits,
-# docs/decode.md). A channel-strided x: 2048, the H200 sweep's choice (docs/perf.md), M = 4 at D = 512,
-# the tile its bits were recorded with (its row tile's layout, hence its row sum's order, depends on M).
-# A channel-contiguous x of BLOCK >= 256: 1024, M = 2 at D = 512; every M gives each row the same PTX
-# there (`python -m tools.rotation_ptx --rows-per-program`, triton 3.6, sm_90: one row over the warp's
-# 32 threads, 8 bf16/fp16 or 4 fp32 channels each, at M = 1, 2, 4, 8), and on an H100 (2026-12-05,
-# tools/sweep.py, docs/decode.md) M = 2 was the fastest or within 0.01 us of it at every decode row
-# (M = 4: 0.08-0.23 us slower at B <= 64) and 0.4-1.0 points of copy ahead of M = 4 at every prefill row.
+# Elements per program of the forward's one-warp tile (more warps there change rstd's bits): on a channel-strided
+# x the tile its bits were recorded with (M sets its row sums' order), on a channel-contiguous one the fastest
+# M, every M giving the same bits there (docs/records/*-tuning.md, "QNorm forward").
 FORWARD_ELEMENTS, CONTIGUOUS_ELEMENTS = 2048, 1024
 
 
 # Whole rows on several warps: (least rows of the launch, M rows a program, warps), the last entry a launch
 # reaches wins; below the first, one warp. Only for an x that `rows_fit_warps` accepts (then each row's sum is
-# the same PTX as on one warp). One row a warp, two warps a program, up to decode's largest launch: on an H100
-# (2026-12-06, tools/sweep.py --kernels qnorm_fwd --decode, graph replay, docs/decode.md) the fastest or within
-# 0.04 us of it at every decode row (B x H = 64 x 64: 2.72 us, 1.14x copy_, against 3.01 at M = 2 on one
-# warp). From 65536 rows one row a warp on eight warps: on an H100 (2026-12-06, docs/decode.md "the prefill
-# row") 0.4-0.9 points of copy ahead of two warps at each of the four bf16 D = 512 prefill launches timed
-# (1 x 64 x 4096 head-major 0.945 against 0.937-0.940). The cut is a choice between decode's largest launch
-# (32768 rows) and the bench's smallest prefill one (262144); nothing between them, and no other dtype or D,
-# was timed.
+# the same PTX as on one warp). One row a warp on two warps at decode, on eight from 65536 rows: the fastest at
+# each (docs/records/*-tuning.md, "QNorm forward"; no launch between 32768 and 262144 rows was timed).
 ROWS_ON_WARPS: tuple[tuple[int, int, int], ...] = ((1, 2, 2), (65536, 8, 8))
 
 
@@ -178,7 +167,7 @@ def rows_fit_warps(x: torch.Tensor) -> bool:
     power of two of at least 256 (the tile BLOCK = D holds whole passes of a warp), and x's address and
     strides multiples of 16 (as Triton specializes them), so that every thread loads 16-byte vectors: a
     pass of a warp is then CHUNK = warp_pass(x.element_size()) lanes, and the tile [M, D // CHUNK, CHUNK] gives each
-    thread the lanes, in the order, it holds on one warp (tools/rotation_ptx.py --rows-per-program)."""
+    thread the lanes, in the order, it holds on one warp (tests/test_gpu.py::test_qnorm_rows_on_warps_keep_the_bits)."""
     dim = x.shape[-1]
     return (
         not INTERPRET
@@ -225,7 +214,7 @@ def _forward(x, cos, sin, rotary, eps):
     config = forward_config(x)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config, **UNFUSED,
     )  # fmt: skip
     return out, rstd
 
@@ -239,7 +228,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     config = tile_config(dim, 1024, warps=2)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
+        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config, **UNFUSED,
     )  # fmt: skip
     return out
 

@@ -3,8 +3,8 @@
 Rows are walked in token-major order, `row = (b*S + s)*H + h`, so the output is written as a
 contiguous [B, S, H, D] buffer while `x` is read through its own strides (no transpose copy).
 The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1); the
-leading D-R channels are copied. Math is FP32 (compiled: each lane fma(own, cos, rn(+-partner * sin)),
-written out in `rotate_lane`), rounded once more at the store.
+leading D-R channels are copied. Math is FP32, each product and the sum rounded (`rotate_lane`, launched
+UNFUSED: no multiply-add contraction), rounded once more at the store.
 
 In place (`apply_partial_rope_triton_`): only the R rotary channels of each row are read and written,
 through x's own strides, with the same arithmetic (the same bits); the leading D-R channels are not
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from dsrope.checks import check_rotary, check_table, check_writable, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, negated, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -66,9 +66,9 @@ def _rotate(
     cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
     sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     result = tl.where(rot, rotated.to(out.dtype.element_ty), value)
     tl.store(out_row + channel, result, mask=valid)
 
@@ -117,19 +117,15 @@ def _rotate_split(
     second = (j & 1) == 1  # second channel of its pair
     partner = swap_pairs(own, M, RBLOCK)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)
 
 
-# The out-of-place kernel and its tile by the launch's rows (docs/decode.md, Step 2). Whole-row _rotate,
-# ROTATE_ELEMENTS a program, one warp: the H200 sweep's prefill choice (docs/perf.md). The split form
-# where rows <= SPLIT_ROWS, SPLIT_ELEMENTS a program on SPLIT_WARPS warps (M = 4 at D = 512): on an H100
-# (2026-12-05, tools/sweep.py --kernels rope --decode) the split form's fastest tile or within 0.06 us of
-# it at 128 to 8192 rows, 1.02-1.18x copy_ against the whole-row launch's 1.12-1.28x; with its loads moved
-# before its first store 0.99-1.08x (17:18 sweep, docs/decode.md "Step 2, closing"); at 32768 rows
-# (DRAM-bound) the whole-row kernel was 0.2 us (1%) faster, and at prefill 1-2% of copy bandwidth.
+# The out-of-place kernel by the launch's rows: the split form up to SPLIT_ROWS (decode), where it was the
+# fastest, else the whole-row _rotate, the fastest at prefill (docs/records/*-tuning.md, "Partial RoPE out of
+# place").
 ROTATE_ELEMENTS = 1024
 SPLIT_ROWS, SPLIT_ELEMENTS, SPLIT_WARPS = 16384, 2048, 2
 
@@ -159,7 +155,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     kernel, config = rotate_config(dim, rotary, rows)
     kernel[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
+        *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config, **UNFUSED,
     )  # fmt: skip
     return out
 
@@ -203,23 +199,19 @@ def _rotate_inplace(
     cs = pair_table(cos, s * CS + b * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
     sn = pair_table(sin, s * SS + b * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(x_row + channel * XD, rotated.to(x.dtype.element_ty), mask=rot)
 
 
 def inplace_config(rotary: int, heads: int, tokens: int, seq: int) -> dict:
     """Tile of _rotate_inplace: M rows (GROUP heads at M // GROUP tokens), BLOCK lanes, warps.
 
-    Measured on the H200 (tools/sweep.py --kernels rope_inplace --decode, docs/perf.md): 1024
-    elements and 4 warps a program, two heads at eight tokens (among the top eight of 30 configs, which are
-    within 0.01 of copy bandwidth of each other). At decode (S = 1) eight heads at two tokens: the fastest
-    tile at B = 256 and B = 64, H = 128 on an H100 (docs/decode.md, "The in-place kernel at decode": 2.61 us
-    against 2.73 us for two heads at eight tokens at 256 x 128, 1.95 against 2.03 at 256 x 64; only H = 64 and
-    128 were timed: a head count that is not a multiple of 8 leaves rows of each tile idle). Where the
-    tokens cannot fill a tile, every row of a tile is a head of one token, and a launch of few rows gets
-    fewer rows per program, down to 4 (at least INPLACE_PROGRAMS programs). Any tile gives every element
-    the same instructions (no reduction): the bits do not depend on it. The interpreter pays per program:
-    big tiles on CPU.
+    INPLACE_ELEMENTS elements on INPLACE_WARPS warps a program, INPLACE_GROUP heads side by side, and at
+    decode (S = 1) INPLACE_DECODE_GROUP: the sweeps' fastest (docs/records/*-tuning.md, "Partial RoPE in
+    place"). Where the tokens cannot fill a tile, every row of a tile is a head of one token, and a launch of
+    few rows gets fewer rows per program, down to 4 (at least INPLACE_PROGRAMS programs). Any tile gives
+    every element the same instructions (no reduction): the bits do not depend on it. The interpreter pays
+    per program: big tiles on CPU.
     """
     config = tile_config(rotary, INPLACE_ELEMENTS, INPLACE_WARPS)
     m = config["M"]
@@ -248,7 +240,7 @@ def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotar
     _rotate_inplace[inplace_grid(config, heads, tokens)](
         x, cos, sin, tokens, seq, heads, dim, rotary,
         *x.stride(),
-        *cos.stride(), *sin.stride(), **config,
+        *cos.stride(), *sin.stride(), **config, **UNFUSED,
     )  # fmt: skip
 
 

@@ -13,6 +13,8 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     strategies    hypothesis strategies over shapes, layouts, values and tables
     differential  the eager chains of stock torch ops, transformers' DeepSeek-V3 functions
     semantics     the one FP32 eager rotation, the known semantics' emulations, the classifier
+    tables        the rope_tables op: cases, table semantics labels and emulations, the judge of a table builder
+    table_builders  adapters over the pinned projects' table builders and dsrope's own
     diagnoses     named causes of elements outside the model (explain, never change a verdict)
     targets       loading an implementation (module:callable, file.py:callable); the module loader
     golden        the golden store: records, encoding, manifest and hashes, snapshot files, diffs
@@ -22,10 +24,9 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     testing       assert_conforms, assert_bitwise_equal: the judgement as assertions for any test suite
     pytest_plugin the pytest11 entry point: the `conforms` marker and the `judge` fixture
     presets       adapters over the peers' pinned releases
-    peer_timing   bench --backward's table: cells not timed and why, markdown and legend
-    perf_targets  the performance targets the bench checks on its rows (docs/perf.md, Targets)
-    profile       a pytest plugin: where a gate's time goes
-    gpu_pinning   one GPU per pytest-xdist worker
+    pins          the peers' pinned releases, one name==version each (no imports: the noxfile reads it too)
     startup       compiled on a GPU, Triton's interpreter on CPU
-    mutation      the mutation gate's runner; its two catalogs (kernels, judge) are data in mutation/catalog_*.py
+
+The project's own development tooling (the mutation gate, the compile cache, profiling, GPU pinning, the
+bench's targets and tables) is dsrope_dev, in the repository's dev/ folder, and is not installed with this.
 """

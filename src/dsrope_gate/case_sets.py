@@ -209,7 +209,14 @@ def sweep(op, examples: int, seed: int) -> list[Case]:
     layouts (NaN in every gap), stride-0 tables and gradients, value kinds, dtypes, eps."""
     if examples <= 0:
         return []
+    import os
     from dataclasses import replace
+    from pathlib import Path
+
+    # hypothesis keeps files (its constants cache) under ./.hypothesis unless told otherwise: a cache folder
+    # instead, where the user has not chosen one
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dsrope" / "hypothesis"
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(cache))
 
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed

@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dsrope_gate.pins import PINS
 from dsrope_gate.semantics import rotate_fp32
 
 TRANSFORMERS_MISSING = (
-    "transformers is not installed (pyproject's test extra pins transformers==5.17.0; "
+    f"transformers is not installed (pyproject's test extra pins {PINS['transformers']}; "
     "`pip install -e '.[test]'`): the differential checks against its DeepSeek-V3 rotary code need it"
 )
 

@@ -2,12 +2,13 @@
 
     python -m dsrope_gate.conformance --parity [--preset NAME ...] [--impl ...] [--op ...] [--device cpu|cuda]
 
-Every named implementation runs once on the same cases (the conformance command's: dsrope_gate.conformance);
-then for every pair, per op, direction and dtype: the share of elements whose bits are equal, the largest
-difference in ulp, and the reason read from the semantics each was named with ("two-boundaries vs
-fp32-through"). A trainer and an inference engine that must agree bit for bit (RL log-probs, distillation)
-read their pair's row. Writes parity.md, parity.json and parity.png (a heatmap: one panel per op and
-direction, a row per pair, a column per dtype) into --out.
+A report over judged results: every named implementation is judged once on the same cases (the default
+case set, dsrope_gate.conformance; each in a child process of its own from the command); then for every
+pair, per op, direction and dtype: the share of elements whose bits are equal, the largest difference in
+ulp, and the reason read from the semantics each was named with ("two-boundaries vs fp32-through"). A
+trainer and an inference engine that must agree bit for bit (RL log-probs, distillation) read their pair's
+row. Writes parity.md, parity.json and parity.png (a heatmap: one panel per op and direction, a row per
+pair, a column per dtype; skipped with one line without matplotlib) into --out.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 from dsrope_reference.floats import NAN_VS_NUMBER
 
 from dsrope_gate.cases import SHORT
-from dsrope_gate.conformance import judge_all
+from dsrope_gate.conformance import EXAMPLES, TIMEOUT, judge_all
 from dsrope_gate.conformance.judging import against, semantics_text
 from dsrope_gate.ops import DIRECTIONS, op_named
 
@@ -77,9 +78,12 @@ def outside(record: dict, dtype: str) -> int:
     return sum(c["outside_model"] for c in record["cases"] if c["dtype"] == dtype)
 
 
-def parity(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print):
-    """(the pairs' rows, each implementation's conformance result, meta) of (name, callable) on `op`."""
-    results, outputs, cases, meta = judge_all(op_named(op), impls, device, examples, seed, golden_root, progress)
+def parity(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, isolate=False,
+           timeout=TIMEOUT):  # fmt: skip
+    """(the pairs' rows, each implementation's conformance result, meta) of the implementations (Targets or
+    (name, callable) pairs) on `op`, judged on the default case set."""
+    judged = judge_all(op_named(op), impls, device, examples, seed, golden_root, progress, None, isolate, timeout)
+    results, outputs, cases, meta = judged
     return pairs(results, outputs, cases), results, meta
 
 
@@ -190,18 +194,18 @@ def picture(rows: list[dict], path) -> None:
     plt.close(fig)
 
 
-def main(jobs: dict, device: str, examples: int, seed: int, golden_root, out, json_path, progress) -> int:
-    """The --parity face of the conformance command: jobs is op name -> [(name, callable)]."""
-    rows, results, metas = [], [], []
-    for op, impls in jobs.items():
-        r, found, meta = parity(op, impls, device, examples, seed, golden_root, progress)
-        rows += r
-        results += found
-        metas.append(meta)
+def write(rows: list[dict], results: list[dict], metas: list[dict], out, json_path, progress) -> str:
+    """parity.md, parity.json and parity.png (when matplotlib is installed) into `out` (and the JSON to
+    json_path); returns the markdown."""
     text = render(rows, results, metas)
     out.mkdir(parents=True, exist_ok=True)
     (out / "parity.md").write_text(text)
-    picture(rows, out / "parity.png")
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        progress("parity.png skipped: matplotlib is not installed (pip install 'dsrope[report]' or matplotlib)")
+    else:
+        picture(rows, out / "parity.png")
     summary = [
         {"impl": r["impl"], "op": r["op"]}
         | {
@@ -215,6 +219,5 @@ def main(jobs: dict, device: str, examples: int, seed: int, golden_root, out, js
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(document)
-    print(text)
-    progress(f"wrote {out / 'parity.md'}, parity.json and parity.png")
-    return 0
+    progress(f"wrote {out / 'parity.md'}, parity.json" + (" and parity.png" if (out / "parity.png").exists() else ""))
+    return text

@@ -23,7 +23,7 @@ Rotation (both ops; pairs of the trailing R channels unless said)
                    fma(a, c, -rn(b*s)) and fma(b, c, rn(a*s)), each rounded once to FP32 (inside the
                    error model, other bits; the H200's contraction of dsrope's and the peers' kernels)
   bf16-tables      the contract's rotation with cos and sin rounded to bf16 first, whatever x.dtype (a
-                   trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vLLM issue 48304)
+                   trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vllm-project/vllm#48304)
   dtype-math       the rotation computed in x.dtype, as a hand-written rope on x.dtype tensors runs: cos and
                    sin cast to x.dtype, each product and the sum computed in FP32 and rounded to x.dtype
                    (fp32 inputs: the contract's rotation; after fp32-through each product of the FP32 row
@@ -258,8 +258,9 @@ def agreement(got: torch.Tensor, emulated: torch.Tensor) -> float:
     if got.numel() == 0:
         return 1.0
     same = bits(got) == bits(emulated)
-    same |= got.isnan() & emulated.isnan()
-    return float(same.double().mean())
+    if not bool(same.all()):
+        same |= got.isnan() & emulated.isnan()
+    return int(same.sum()) / same.numel()
 
 
 def classify(evidence: list[dict], threshold: float = 0.999) -> list[str]:

@@ -6,19 +6,18 @@ one implementation, raised as an AssertionError that says what failed and how to
     assert_conforms(my_qnorm_rope, "qnorm_rope", semantics="two-boundaries")
     assert_bitwise_equal(trainer_rope, inference_rope, "partial_rope")
 
-Both run the implementation through the conformance command's own door (dsrope_gate.conformance.judging),
-on a reduced case set by default: the canonical DeepSeek-V4/V3 cases of the requested dtypes and one probe per
-layout class (`examples` hypothesis-drawn cases and the golden inputs on request). Timings on this project's
-2-core CPU (Triton interpreter, 2026-12-04, a loaded machine): imports 1.7 s; the first call per op computes
-the reference, 4.3 s for qnorm_rope and 0.9 s for partial_rope (the eager chain); later calls on the same case
-set reuse it: 0.1-0.2 s for the eager chain, 1.6 s / 1.2 s for dsrope's interpreted kernels.
-`python -m dsrope_gate.conformance` is the whole run (golden inputs and a hypothesis sweep too).
+Both run the implementation through the conformance command's own door (dsrope_gate.conformance) on the
+same default case set: the canonical DeepSeek-V4/V3 cases, the golden inputs, one probe per layout class and
+the seeded hypothesis sweep, so an implementation gets one verdict from the command, these assertions, the
+pytest marker and the parity matrix. The first assertion per op and case set computes the reference (most of
+its time) and keeps it for the next; `examples=0, golden=False` is a smaller set for a quick check.
 """
 
 from __future__ import annotations
 
 import functools
 
+from dsrope_gate.conformance import EXAMPLES
 from dsrope_gate.ops import Op, op_named
 
 DIRECTIONS = ("forward", "backward")
@@ -26,25 +25,13 @@ DIRECTIONS = ("forward", "backward")
 
 @functools.lru_cache(maxsize=8)
 def _prepared_cases(op_name: str, device: str, dtypes: tuple, examples: int, golden: bool, seed: int):
-    """The reduced case set, with the reference computed (and bf16 stores rounded to nearest even on CPU);
-    kept for the next assertion on the same set (the reference is most of an assertion's time). The
-    implementations are called on copies (dsrope_gate.conformance.calling), so the inputs stay as built."""
-    from dsrope_gate import case_sets
-    from dsrope_gate.conformance import golden_cases
-    from dsrope_gate.conformance.judging import prepare
+    """The case set, with the reference computed; kept for the next assertion on the same set (the reference
+    is most of an assertion's time). Every call gets fresh copies of the inputs (dsrope_gate.conformance.calling),
+    so nothing an implementation does reaches them."""
+    from dsrope_gate.conformance import collect_cases
 
-    op = op_named(op_name)
-    if device == "cpu":
-        from dsrope.interpreter import install_interpreter_rounding
-
-        install_interpreter_rounding()  # what a GPU's store does; Triton's interpreter alone truncates
-    wanted = set(dtypes or ("bfloat16", "float16", "float32"))
-    chosen = [c for c in case_sets.canonical() if c.dtype in wanted] + case_sets.probes()
-    chosen += case_sets.sweep(op, examples, seed)
-    prepared = [prepare(op, c, c.build(device)) for c in chosen]
-    if golden:
-        prepared += golden_cases(op, device, None)[0]
-    return prepared
+    cases, _ = collect_cases(op_named(op_name), examples, seed, None, golden=golden, dtypes=dtypes, device=device)
+    return cases
 
 
 def _device(device):
@@ -64,12 +51,27 @@ def _forward_only(fn):
     return forward
 
 
-def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed):
-    from dsrope_gate.conformance.judging import run_impl
+def known_labels(op: Op) -> set[str]:
+    """The semantics labels an assertion may ask for on `op`: every part of its emulations' labels."""
+    return {part for emulations in op.emulations.values() for label in emulations for part in label.split("+")}
 
+
+def _check_labels(op: Op, wanted: list[str]) -> None:
+    unknown = [label for label in wanted if label not in known_labels(op)]
+    if unknown:
+        raise ValueError(f"semantics: unknown label(s) {unknown} for {op.name}; known: {sorted(known_labels(op))}")
+
+
+def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_place=False, isolate=False, accept=()):
+    from dsrope_gate.conformance import judge_target
+    from dsrope_gate.conformance.isolation import TIMEOUT, Target
+
+    if not callable(fn):
+        raise TypeError(f"fn: expected the implementation to judge (a callable), got {fn!r}")
     cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
     name = getattr(fn, "__qualname__", repr(fn))
-    result, outputs = run_impl(name, fn if backward else _forward_only(fn), op, cases, device, lambda msg: None)
+    target = Target(name, fn=fn if backward else _forward_only(fn), in_place=in_place)
+    result, outputs = judge_target(target, op, cases, device, isolate, TIMEOUT, lambda msg: None, accept=accept)
     return result, outputs, {p.case.name: p for p in cases}
 
 
@@ -101,10 +103,12 @@ def _semantics_line(op: Op, record: dict, direction: str) -> str:
     return f"Semantics read off the bits: {semantics_text(record)} (the contract: {contract})."
 
 
-def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> list[str]:
+def _direction_failure(op: Op, direction: str, record: dict, prepared: dict, result: dict) -> list[str]:
     from dsrope_gate.conformance import violations
+    from dsrope_gate.conformance.judging import verdict_text
+    from dsrope_gate.conformance.render import write_line
 
-    verdict = record["verdict"]
+    verdict = verdict_text(record, result)
     share = record["outside_model"] / record["elements"] if record["elements"] else 0
     cases = [c for c in record["cases"] if c["outside_model"]]
     lines = [
@@ -121,6 +125,7 @@ def _direction_failure(op: Op, direction: str, record: dict, prepared: dict) -> 
         lines.append(
             f"Outside the model per case: {shown}" + (f"; and {len(cases) - 6} more" if len(cases) > 6 else "")
         )
+    lines += [write_line(w) for w in record["writes"][:3]]
     if record["not_run"]:
         shown = "; ".join(f"{n['case']}: {n['status']} ({n['error']})" for n in record["not_run"][:4])
         more = f"; and {len(record['not_run']) - 4} more" if len(record["not_run"]) > 4 else ""
@@ -137,27 +142,39 @@ def assert_conforms(
     semantics: str | list[str] | None = None,
     dtypes: list[str] | None = None,
     backward: bool = True,
-    examples: int = 0,
-    golden: bool = False,
+    examples: int = EXAMPLES,
+    golden: bool = True,
     seed: int = 0,
+    in_place: bool = False,
+    isolate: bool = False,
+    accept: str | list[str] = (),
 ) -> dict:
     """Raise AssertionError unless `fn`, an implementation of `op` ("qnorm_rope": fn(x, cos, sin, rotary, eps),
     or "partial_rope": fn(x, cos, sin, rotary)), conforms to the contract in every direction judged: every
-    case ran and no element lies outside the reference's error model. The backward is judged through autograd
-    when fn's output has a grad_fn and `backward` is true.
+    case ran, no element lies outside the reference's error model and no input was written into. The backward
+    is judged through autograd when fn's output has a grad_fn and `backward` is true.
 
-    Cases: the canonical DeepSeek-V4 and V3 cases of `dtypes` (default bf16, fp16, fp32), one bf16 probe per
-    layout class, `examples` cases drawn by hypothesis from `seed`, and the golden inputs when `golden`.
-    Defaults on a 2-core CPU (2026-12-04): the first call per op 4.3 s (qnorm_rope) or 0.9 s (partial_rope),
-    most of it the reference, kept for later calls on the same case set (0.1-1.6 s each).
+    Cases: the default case set, the conformance command's: the canonical DeepSeek-V4 and V3 cases of `dtypes`
+    (default bf16, fp16, fp32), the golden inputs (`golden`), one probe per layout class and `examples` cases
+    drawn by hypothesis from `seed`. `examples=0, golden=False` is a smaller, faster set.
 
-    `semantics`: a label or labels (`python -m dsrope_gate.conformance --help` lists them) the bits must carry
-    too: a forward label is read off the forward, a backward-only label ("no-boundary-2") off the backward.
-    Returns the conformance command's result for fn (the JSON's record) when it passes."""
+    `semantics`: a label or labels (`python -m dsrope_gate.conformance --help` lists them; an unknown one is a
+    ValueError) the bits must carry too: a forward label is read off the forward, a backward-only label
+    ("no-boundary-2") off the backward. `in_place`: fn rotates x itself; what it writes into x is judged.
+    `isolate`: judge fn in a child process of its own (a crash or a hang fails the assertion instead of the
+    test run; fn must then be importable by name, a module-level function). `accept`: the name(s) of known
+    diagnoses (dsrope_gate.diagnoses.KNOWN) accepted knowingly: where one explains every element outside the
+    model of a direction, they do not fail it (any other element still does). Returns the conformance command's
+    result for fn (the JSON's record) when it passes."""
     __tracebackhide__ = True  # pytest shows the message, not the gate's frames
     op = op_named(op)
     device = _device(device)
-    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed)
+    wanted = [semantics] if isinstance(semantics, str) else list(semantics or ())
+    _check_labels(op, wanted)
+    from dsrope_gate.diagnoses import check_accepted
+
+    accepted = check_accepted([accept] if isinstance(accept, str) else list(accept))
+    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed, in_place, isolate, accepted)
     name = result["impl"]
     failures = []
     for direction in DIRECTIONS:
@@ -165,8 +182,7 @@ def assert_conforms(
         if record is None or (direction == "backward" and not backward):
             continue
         if record["verdict"] != "conforms":
-            failures += _direction_failure(op, direction, record, prepared)
-    wanted = [semantics] if isinstance(semantics, str) else list(semantics or ())
+            failures += _direction_failure(op, direction, record, prepared, result)
     forward_labels = {part for label in op.emulations["forward"] for part in label.split("+")}
     for label in wanted:
         direction = "forward" if label in forward_labels else "backward"
@@ -205,24 +221,24 @@ def assert_bitwise_equal(
     device: str | None = None,
     dtypes: list[str] | None = None,
     backward: bool = True,
-    examples: int = 0,
-    golden: bool = False,
+    examples: int = EXAMPLES,
+    golden: bool = True,
     seed: int = 0,
+    isolate: bool = False,
 ) -> None:
     """Raise AssertionError unless implementations `a` and `b` of `op` (a trainer's and an inference engine's)
     give the same bits on every case of assert_conforms's set, in both directions: every case run by both,
     every element 0 ulp apart (the project's one ulp distance: NaN meets NaN, -0 meets +0). The message gives, per
     direction, the share of elements equal, the largest distance in ulp and the first element that differs."""
     __tracebackhide__ = True
-    from dsrope_gate.conformance.judging import against, run_impl
+    from dsrope_gate.conformance.judging import against
 
     op = op_named(op)
     device = _device(device)
-    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
     runs = []
     for fn in (a, b):
-        name = getattr(fn, "__qualname__", repr(fn))
-        runs.append((name, *run_impl(name, fn if backward else _forward_only(fn), op, cases, device, lambda m: None)))
+        result, outputs, _ = _judge(fn, op, device, dtypes, backward, examples, golden, seed, isolate=isolate)
+        runs.append((result["impl"], result, outputs))
     (name_a, result_a, outputs_a), (name_b, result_b, outputs_b) = runs
     compared = against(outputs_a, outputs_b)
     failures = []

@@ -3,26 +3,33 @@ element by element, and the semantics it computes, from evidence.
 
     python -m dsrope_gate.conformance --op qnorm_rope --impl mypkg.rope:qnorm_rope [--impl file.py:fn]
         [--preset NAME ...] [--device cpu|cuda] [--against TARGET] [--json PATH] [--out DIR]
-    nox -s conformance -- <the same arguments>
+    nox -s conformance -- <the same arguments>          (the command line: dsrope_gate.cli)
 
 An implementation is a callable with the signature of the dsrope function it stands for (contract:
 docs/contract.md): `qnorm_rope(x, cos, sin, rotary, eps)` or `partial_rope(x, cos, sin, rotary)`, x
 [B, H, S, D] of any strides, cos/sin FP32 [B, S, R]. TARGET is `module.path:callable` (importable with
 the current sys.path, PYTHONPATH included) or `path/to/file.py:callable`.
 
-What it runs: the canonical DeepSeek-V4 (D=512, R=64) and V3 (D=192, R=64: the rope slice trailing the
-128 nope channels) cases in bf16, fp16 and fp32; the golden inputs (the golden store: dsrope_gate.golden.golden_root(),
-or --golden DIR); layout probes (one small case per layout class, below); and a seeded
-hypothesis sweep over shapes, layouts and values (dsrope_gate.strategies). Each case runs twice: once
-on an input that does not require grad (the forward; the bits of every input's storage, gaps included,
-are compared before and after: writes into an input are reported), and once on an input that requires
-grad: when the output carries a grad_fn its input gradient is judged too; without one the backward is
-reported as absent (forward only).
+The default case set, every entry point's (the command, assert_conforms, the pytest marker, the parity
+matrix): the canonical DeepSeek-V4 (D=512, R=64) and V3 (D=192, R=64: the rope slice trailing the 128 nope
+channels) cases in bf16, fp16 and fp32; the golden inputs (dsrope_gate.golden.golden_root(), or a store
+given); one probe per layout class; and EXAMPLES cases drawn by hypothesis from a seed. The reference's
+models are computed once per case, here, whatever the number of implementations.
 
-Verdict: an implementation conforms (per direction) when no element of any case it accepted lies outside
-the error model of the reference (dsrope_reference) and no accepted case returned a wrong shape or dtype.
-Cases it refuses (ValueError, TypeError, NotImplementedError, AssertionError: an error that says no) or
-crashes on (any other exception) are listed, not counted as elements.
+Each case runs twice, each time on fresh copies of every input in the case's layouts (gaps included): the
+forward (nothing requires grad), then, when its output carries a grad_fn, the backward on an x that requires
+grad with a fresh incoming gradient. Every input's storage is compared byte for byte before and after each
+call: a write into any of them fails the verdict of the direction it happened in. An implementation declared
+in place has what it writes into x judged as its output (`Target.in_place`).
+
+Isolated (the command's default; `isolate=True` elsewhere), each implementation runs in a spawned child of
+its own (isolation): its exit, signal, CUDA fault or a call past the time limit is its verdict, "crashed" or
+"timed out", with the cases it finished kept and judged.
+
+Verdict, per direction: conforms (every case run, every element inside the error model of the reference,
+dsrope_reference, no write into an input), does not conform (an element outside the model that no accepted
+diagnosis explains, a write, a wrong shape or dtype returned), partial (every element judged inside the
+model, but some cases refused or raised), not run (nothing judged), crashed, timed out.
 
 Semantics: for each known semantics an eager emulation (dsrope_gate.semantics) runs on the same inputs;
 per case the share of elements whose bits equal each emulation's is reported, on the cases with normal
@@ -34,12 +41,10 @@ every dtype for partial_rope; bf16 and fp16 for qnorm_rope, whose fp32 cases jud
 rounding boundaries are no-ops there, and a kernel's own rstd, its reduction order and an approximate
 rsqrt, moves last bits of every element of a row).
 
-The package, one job a module: `targets` (dsrope_gate.targets: what --impl names), the cases
-(dsrope_gate.case_sets: canonical, golden, probes, sweep; one Case type, dsrope_gate.cases), `calling`
-(one implementation on one case), `judging` (the reference's verdict, the semantics, bit comparisons),
+The package, one job a module: `calling` (one implementation on one case: fresh inputs, writes), `isolation`
+(a child process per implementation), `judging` (the reference's verdict, the semantics, bit comparisons),
 `violations` (where the elements outside the model are, and the diagnosis that explains them), `render`
-(markdown, and the short summary the command prints, the verdict table last) and `cli` (the command line;
-progress on stderr, one line per implementation, per case with --verbose). What is judged for each op,
+(markdown, and the short summary the command prints, the verdict table last). What is judged for each op,
 and how an implementation of it is called, is its record in dsrope_gate.ops.
 
 --device cpu runs Triton code in the interpreter with dsrope's round-to-nearest-even fp32 -> bf16
@@ -50,18 +55,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dsrope_gate.conformance.isolation import TIMEOUT, Target
 from dsrope_gate.ops import DIRECTIONS, Op, op_named
 
+EXAMPLES = 24  # hypothesis-drawn cases in the default case set (every entry point's: docs/conformance.md)
 
-def collect_cases(op: Op, device, examples: int, seed: int, golden_root: Path | None, progress):
-    """(the prepared cases: canonical, golden, probes, sweep, each with its reference models; a note on
-    the golden inputs)."""
+
+def collect_cases(op: Op, examples: int = EXAMPLES, seed: int = 0, golden_root: Path | None = None, progress=None,
+                  golden: bool = True, dtypes=None, device="cpu"):  # fmt: skip
+    """(the prepared cases, a note on the golden inputs): the default case set of every entry point, the same
+    for the command, assert_conforms, the pytest marker and the parity matrix: the canonical DeepSeek-V4/V3
+    cases (of `dtypes`, default all three), the golden inputs (`golden`), one probe per layout class and
+    `examples` cases drawn by hypothesis from `seed`. Inputs on `device` (the CPU where children judge: they
+    copy them onto theirs), each with its reference models, computed once."""
     from dsrope_gate import case_sets
     from dsrope_gate.conformance.judging import prepare
 
+    if examples < 0:
+        raise ValueError(f"examples: expected a number of drawn cases >= 0, got {examples}")
+    progress = progress or (lambda msg: None)
     progress("building cases; computing the reference")
-    made = [prepare(op, c, c.build(device)) for c in case_sets.canonical()]
-    gold, note = golden_cases(op, device, golden_root)
+    wanted = set(dtypes or ("bfloat16", "float16", "float32"))
+    made = [prepare(op, c, c.build(device)) for c in case_sets.canonical() if c.dtype in wanted]
+    gold, note = golden_cases(op, device, golden_root) if golden else ([], "golden inputs: not asked for")
     made += gold + [prepare(op, c, c.build(device)) for c in case_sets.probes() + case_sets.sweep(op, examples, seed)]
     progress(f"{len(made)} cases")
     return made, note
@@ -74,7 +90,7 @@ def golden_cases(op: Op, device, root: Path | None):
     from dsrope_gate import golden as store
     from dsrope_gate.conformance.judging import prepare
 
-    root = store.GOLDEN if root is None else root
+    root = store.golden_root() if root is None else root
     if not (root / "manifest.json").is_file():
         return [], f"golden inputs: no store at {root} (pass --golden DIR)"
     manifest = store.verify_all(root)
@@ -92,53 +108,110 @@ def golden_cases(op: Op, device, root: Path | None):
     return out, f"golden inputs: {len(out)} cases from {root}"
 
 
-def judge_all(op, impls, device="cpu", examples=24, seed=0, golden_root=None, progress=print, each_case=None):
-    """Judge each (name, callable) on `op` (an Op or its name), every one on the same cases. Returns (results
-    as in the JSON, each implementation's outputs per case in the same order, the prepared cases, meta).
-    `progress` gets a line per stage and per implementation, `each_case` (when given) one per case."""
+def in_process_caller(target: Target, op: Op, device: str):
+    """A caller that runs the target's calls in this process (debugging; assert_conforms's default)."""
+    from dsrope_gate.conformance.calling import call
+
+    fn = target.load(op.name, device)
+    return lambda case, inputs: call(op, fn, case, inputs, target.in_place, device)
+
+
+def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: float, progress, each_case=None,
+                 accept=()):  # fmt: skip
+    """(result, outputs) of one target on the prepared cases: in a child process of its own when `isolate`.
+    A target that cannot be loaded raises isolation.LoadError (a usage error). `accept`: diagnoses accepted."""
+    from dsrope_gate.conformance.isolation import Child, LoadError
+    from dsrope_gate.conformance.judging import run_impl
+
+    if not isolate:
+        if device == "cpu":
+            # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
+            # does; Triton's interpreter alone truncates
+            from dsrope.interpreter import install_interpreter_rounding
+
+            install_interpreter_rounding()
+        try:
+            caller = in_process_caller(target, op, device)
+        except Exception as e:
+            from dsrope_gate.conformance.calling import error_line
+
+            raise LoadError(error_line(e)) from e
+        result, outputs = run_impl(target.name, caller, op, cases, device, progress, each_case, accept)
+        return result | {"device_name": device_name(device)}, outputs
+    child = Child(target, op.name, device, timeout)
+    try:
+        result, outputs = run_impl(target.name, child.call, op, cases, device, progress, each_case, accept)
+    finally:
+        child.stop()
+    return result | {"device_name": child.device_name}, outputs
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)"
+
+
+def as_target(impl) -> Target:
+    """A Target from a Target or a (name, callable) pair."""
+    if isinstance(impl, Target):
+        return impl
+    name, fn = impl
+    return Target(name, fn=fn)
+
+
+def run_meta(results, cases, examples, seed, note, isolate) -> dict:
+    """What a report says of the run: date, device, versions, the case set, whether it was isolated."""
     import datetime
 
     import torch
     import triton
 
-    from dsrope_gate.conformance.judging import run_impl
-
-    op = op_named(op)
-    if device == "cpu":
-        # every Triton kernel judged here (any project's) stores bf16 rounded to nearest even, as a GPU
-        # does; Triton's interpreter alone truncates
-        from dsrope.interpreter import install_interpreter_rounding
-
-        install_interpreter_rounding()
-    cases, note = collect_cases(op, device, examples, seed, golden_root, progress)
-    results, outputs = [], []
-    for name, fn in impls:
-        result, out = run_impl(name, fn, op, cases, device, progress, each_case)
-        results.append(result)
-        outputs.append(out)
-    meta = {
+    return {
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+        "device": next((r["device_name"] for r in results), "none judged"),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cases": len(cases),
         "sweep": examples,
         "seed": seed,
         "golden": note,
+        "isolated": isolate,
     }
-    return results, outputs, cases, meta
 
 
-def run(
-    op, impls, device="cpu", examples=24, seed=0, golden_root=None, against_impl=None, progress=print, each_case=None
-):
-    """Judge each (name, callable) on `op` (an Op or its name); with against_impl (name, callable) compare
-    each with it element by element. Returns (results as in the JSON, meta)."""
+def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, each_case=None,
+              isolate=False, timeout=TIMEOUT, dtypes=None, accept=()):  # fmt: skip
+    """Judge each implementation (a Target, or a (name, callable) pair) on `op` (an Op or its name), every one
+    on the same cases (the default set). Returns (results as in the JSON, each implementation's outputs per
+    case in the same order, the prepared cases, meta). `isolate`: each implementation in a spawned child of its
+    own with `timeout` seconds per call (the reference stays here). `progress` gets a line per stage and per
+    implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these.
+    `accept`: the names of diagnoses accepted knowingly (dsrope_gate.diagnoses)."""
+    op = op_named(op)
+    # judged in children, the inputs stay on the CPU here: this process never touches CUDA
+    cases, note = collect_cases(
+        op, examples, seed, golden_root, progress, dtypes=dtypes, device="cpu" if isolate else device
+    )
+    results, outputs = [], []
+    for impl in impls:
+        result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case, accept)
+        results.append(result)
+        outputs.append(out)
+    return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate)
+
+
+def run(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, against_impl=None, progress=print,
+        each_case=None, isolate=False, timeout=TIMEOUT):  # fmt: skip
+    """Judge each implementation on `op` (an Op or its name); with against_impl (a Target or (name, callable))
+    compare each with it element by element. Returns (results as in the JSON, meta)."""
     from dsrope_gate.conformance.judging import against
 
     everyone = list(impls) + ([against_impl] if against_impl is not None else [])
-    results, outputs, _, meta = judge_all(op, everyone, device, examples, seed, golden_root, progress, each_case)
+    results, outputs, _, meta = judge_all(
+        op, everyone, device, examples, seed, golden_root, progress, each_case, isolate, timeout
+    )
     if against_impl is not None:
         for result, out in zip(results[:-1], outputs[:-1], strict=True):
-            result["against"] = {"impl": against_impl[0]} | against(out, outputs[-1])
+            result["against"] = {"impl": as_target(against_impl).name} | against(out, outputs[-1])
     return results, meta

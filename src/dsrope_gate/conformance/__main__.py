@@ -1,3 +1,3 @@
-from dsrope_gate.conformance.cli import main
+from dsrope_gate.cli import main
 
 raise SystemExit(main())

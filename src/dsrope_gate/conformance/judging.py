@@ -13,7 +13,6 @@ from dsrope_reference.rope import Model
 from dsrope_gate import semantics
 from dsrope_gate.cases import Case, Inputs
 from dsrope_gate.conformance import violations
-from dsrope_gate.conformance.calling import call
 from dsrope_gate.ops import DIRECTIONS, Op
 
 # A label is named where its emulation agrees best (ties together) with this share on every case.
@@ -105,6 +104,19 @@ def shares(op: Op, p: Prepared, direction: str, got: torch.Tensor) -> dict:
     return {label: semantics.agreement(got, out) for label, out in p.emulated[direction].items()}
 
 
+def listing(values: list, shown: int = 16) -> dict:
+    """A list too long to print whole: how many there are, the first `shown` and the last."""
+    return {"count": len(values), "first": values[:shown], "last": values[-1] if values else None}
+
+
+def listing_text(found: dict) -> str:
+    """A listing in words: "448, 449, 450 (3 in all)", "448, ..., 463 and 48 more (64 in all, the last 511)"."""
+    n, first = found["count"], found["first"]
+    if n <= len(first):
+        return f"{', '.join(map(str, first))} ({n} in all)"
+    return f"{', '.join(map(str, first))} and {n - len(first)} more ({n} in all, the last {found['last']})"
+
+
 def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
     """Two implementations' outputs on the same case: bitwise-equal share, max ulp, where they differ."""
     a, b = a.detach().cpu(), b.detach().cpu()
@@ -115,7 +127,7 @@ def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
         "elements": a.numel(),
         "bitwise_equal": float(same.float().mean()) if a.numel() else 1.0,
         "max_ulp": int(distance.max()) if a.numel() else 0,
-        "differ_channels": sorted({int(c) for c in differ[:, -1].tolist()})[:16],
+        "differ_channels": listing(sorted({int(c) for c in differ[:, -1].tolist()})),
         "differ_rows": int(torch.unique(differ[:, :-1], dim=0).shape[0]) if len(differ) else 0,
     }
 
@@ -123,21 +135,32 @@ def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
 # --- one implementation, every case ---------------------------------------------------------------------
 
 
-def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress, each_case=None) -> tuple[dict, dict]:
-    """(result as in the JSON, the outputs per case for --against). `progress` gets one line when the
-    implementation is judged, `each_case` (when given) one per case."""
+def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, progress, each_case=None, accept=()):
+    """(result as in the JSON, the outputs per case for --against) of one implementation: `caller(case,
+    inputs)` gives a calling.Call per case (in this process, or a child's: dsrope_gate.conformance.isolation,
+    whose death ends the run with the cases judged so far). `progress` gets one line when the implementation
+    is judged, `each_case` (when given) one per case. `accept`: the names of diagnoses the user accepts: where
+    one explains every element outside the model of a direction, they do not fail its verdict."""
+    from dsrope_gate.conformance.isolation import ChildDied
+
     directions = {"forward": _direction(), "backward": _direction()}
     layouts, wrote, token_major, outputs = {}, set(), None, {}
-    any_backward = False
+    any_backward, death = False, None
     for i, p in enumerate(cases, 1):
         case = p.case
         if each_case:
             each_case(f"{name} {op} {i}/{len(cases)} {case.name}")
-        result = call(op, fn, case, p.inputs)
+        try:
+            result = caller(case, p.inputs)
+        except ChildDied as e:
+            death = e.death
+            break
         outcome = result.status
+        for write in result.writes:
+            directions[write["direction"]]["writes"].append({"case": case.name} | write)
+            wrote.add(write["tensor"])
         if result.status == "ok":
             outputs[case.name] = (result.out, result.dx)
-            wrote |= set(result.wrote)
             if case.kind == "canonical" and token_major is None:
                 token_major = result.token_major
             any_backward |= result.has_backward
@@ -161,48 +184,91 @@ def run_impl(name: str, fn, op: Op, cases: list[Prepared], device: str, progress
             for direction in directions.values():
                 direction["not_run"].append({"case": case.name, "status": result.status, "error": result.error})
         if result.error and result.status == "ok":
-            directions["backward"]["not_run"].append({"case": case.name, "status": "crashed", "error": result.error})
+            directions["backward"]["not_run"].append({"case": case.name, "status": "raised", "error": result.error})
         if case.kind == "probe":
             layouts[case.name] = outcome if outcome != "ok" else "accepted"
     res = {"impl": name, "op": op.name, "device": device}
+    if death is not None:
+        res["death"] = {"verdict": death.verdict, "reason": death.reason, "case": death.case, "call": death.direction}
     for direction, record in directions.items():
         record |= violations.summarize(op, direction, record)
-        record["verdict"] = verdict(record)
+        named = record["diagnosis"]["name"] if record["diagnosis"] else None
+        record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if named in accept else None
+        record["verdict"] = verdict(record, death)
         # None where nothing was judged: no claim either way
-        record["conforms"] = {"conforms": True, "partial": True, "does not conform": False}.get(record["verdict"])
+        record["conforms"] = {"conforms": True, "partial": True}.get(record["verdict"], None)
+        if record["verdict"] in ("does not conform", "crashed", "timed out"):
+            record["conforms"] = False
         record["semantics"] = classify(record["cases"])
         record["semantics_by_dtype"] = classify_by_dtype(record["cases"])
     res["forward"] = directions["forward"] | {
         "layouts": layouts,
+        "refusals": refusals(directions["forward"]["not_run"]),
         "writes_into_input": sorted(wrote),
         "token_major_output": token_major,
     }
     # no backward: some forward ran and none of its outputs carried a grad_fn (forward only); where no forward
     # ran at all the backward was not run either
-    res["backward"] = directions["backward"] if any_backward or not outputs else None
-    verdicts = ", ".join(f"{d} {res[d]['verdict']}" for d in directions if res[d] is not None)
+    res["backward"] = directions["backward"] if any_backward or not outputs or death else None
+    verdicts = ", ".join(f"{d} {verdict_text(res[d], res)}" for d in directions if res[d] is not None)
     progress(f"{name} {op}: {verdicts or 'forward only'} ({len(cases)} cases)")
     return res, outputs
 
 
-VERDICTS = ("conforms", "does not conform", "partial", "not run")
+VERDICTS = ("conforms", "does not conform", "partial", "not run", "crashed", "timed out")
 
 
-def verdict(record: dict) -> str:
-    """What happened in one direction: "not run" (no element judged: every case crashed or was refused),
-    "does not conform" (an element outside the model, or an accepted case returned a wrong shape or dtype),
-    "partial" (every element judged inside the model, but some cases were not run: record["not_run"] says
-    which and why), "conforms" (every case run, every element inside the model)."""
+def verdict(record: dict, death=None) -> str:
+    """What happened in one direction: "crashed" or "timed out" (the implementation's process died, or a call
+    outlived its time limit: `death`), "does not conform" (an element outside the model that no accepted
+    diagnosis explains, a write into an input, or an accepted case returned a wrong shape or dtype), "not run"
+    (no element judged: every case raised or was refused), "partial" (every element judged inside the model,
+    but some cases were not run: record["not_run"] says which and why), "conforms" (every case run, every
+    element inside the model)."""
+    if death is not None:
+        return death.verdict
     wrong = any(n["status"] == "wrong output" for n in record["not_run"])
-    if record["outside_model"] or wrong:
+    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:
         return "does not conform"
     if not record["elements"]:
         return "not run"
     return "partial" if record["not_run"] else "conforms"
 
 
+def verdict_text(record: dict, result: dict) -> str:
+    """The verdict in words: "crashed: SIGSEGV in dsv4-bfloat16 (forward)", "does not conform: writes into cos"."""
+    v = record["verdict"]
+    death = result.get("death")
+    if death and v == death["verdict"]:
+        call = f" ({death['call']})" if death["call"] else ""
+        return f"{v}: {death['reason']}" + (f" in {death['case']}{call}" if death["case"] else " loading")
+    if v == "does not conform" and record.get("writes") and not record["outside_model"]:
+        return f"{v}: writes into {', '.join(dict.fromkeys(w['tensor'] for w in record['writes']))}"
+    accepted = record.get("accepted")
+    if accepted and v in ("conforms", "partial"):
+        return f"{v} ({accepted['elements']} elements accepted: {accepted['diagnosis']})"
+    return v
+
+
+def refusals(not_run: list[dict]) -> dict[str, list[str]]:
+    """The cases not run grouped by what was said: "refused (ValueError: x must be contiguous)" -> the cases,
+    so that a refusal is credited to what the implementation refused, in its own words."""
+    groups: dict[str, list[str]] = {}
+    for n in not_run:
+        groups.setdefault(f"{n['status']} ({n['error']})", []).append(n["case"])
+    return groups
+
+
 def _direction() -> dict:
-    return {"elements": 0, "outside_model": 0, "first_violation": None, "cases": [], "not_run": []}
+    return {
+        "elements": 0,
+        "outside_model": 0,
+        "first_violation": None,
+        "cases": [],
+        "not_run": [],
+        "writes": [],
+        "accepted": None,
+    }
 
 
 def classify(cases: list[dict]) -> list[str]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 from dsrope_gate.conformance import violations
-from dsrope_gate.conformance.judging import semantics_text
+from dsrope_gate.conformance.judging import listing_text, semantics_text, verdict_text
 from dsrope_gate.semantics import LABELS
 
 # the verdicts a reader must not miss
-EMPHASIZED = {"does not conform": "**does not conform**", "not run": "**not run**"}
+EMPHASIZED = ("does not conform", "not run", "crashed", "timed out")
 
 
 def _labels(direction: dict) -> set[str]:
@@ -45,7 +45,9 @@ def verdict_table(results: list[dict]) -> list[str]:
                 row = f"| `{r['impl']}` | {r['op']} | backward | no backward (no grad_fn): forward only | | | | |"
                 lines.append(row)
                 continue
-            verdict = EMPHASIZED.get(d["verdict"], d["verdict"])
+            verdict = verdict_text(d, r)
+            if d["verdict"] in EMPHASIZED:
+                verdict = f"**{verdict}**"
             if d.get("diagnosis"):
                 verdict += f" (diagnosis: {d['diagnosis']['name']})"
             sem = semantics_text(d)
@@ -56,22 +58,74 @@ def verdict_table(results: list[dict]) -> list[str]:
     return lines
 
 
+def write_line(w: dict) -> str:
+    """One write into an input: the tensor, the case, the call and the first changed element."""
+    where = f"element {w['index']}" if w["index"] is not None else f"a gap (storage element {w['storage_element']})"
+    return (
+        f"writes into {w['tensor']} in case {w['case']!r} ({w['direction']}): first at {where}, "
+        f"{w['before']!r} -> {w['after']!r} ({w['changed_bytes']} bytes changed)"
+    )
+
+
+def first_violation_line(first: dict) -> str:
+    return (
+        f"First element outside the model: case {first['case']!r}, index {first['index']}, {first['channel']} "
+        f"channel: got {first['got']!r}, allowed [{first['bounds'][0]!r}, {first['bounds'][1]!r}], reference "
+        f"{first['contract']!r} ({first['ulp']} ulp)"
+    )
+
+
+def against_lines(r: dict) -> list[str]:
+    a = r.get("against")
+    if not a:
+        return []
+    out = []
+    for direction in ("forward", "backward"):
+        d = a.get(direction)
+        if d:
+            out.append(
+                f"  against `{a['impl']}` {direction}: {_fmt_share(d['bitwise_equal'])} of elements bitwise equal, "
+                f"max {d['max_ulp']} ulp apart"
+            )
+    return out
+
+
 def summary(results: list[dict], meta: dict, report) -> str:
-    """What the command prints: the run, where the elements outside the model are (per implementation and
-    direction that has any), the cases not run, where the full report is, and the verdict table last."""
+    """What the command prints: the run; per implementation and direction that is not clean, its verdict in
+    words, its first element outside the model, where the others are, its writes into inputs and the cases
+    not run; --against's comparison; where the full report is; and the verdict table last."""
     lines = [f"Conformance: {_header(meta)}"]
     for r in results:
         for direction in ("forward", "backward"):
             d = r[direction]
-            if d is None or (not d["outside_model"] and not d["not_run"]):
+            if d is None:
                 continue
-            lines += ["", f"`{r['impl']}` {r['op']} {direction}: {d['verdict']}"]
+            if d["verdict"] == "conforms" and not (direction == "forward" and r.get("against")):
+                continue
+            lines += ["", f"`{r['impl']}` {r['op']} {direction}: {verdict_text(d, r)}"]
+            if d["first_violation"]:
+                lines.append(f"  {first_violation_line(d['first_violation'])}")
             lines += [f"  {line}" for line in violations.lines(d)]
+            lines += [f"  {write_line(w)}" for w in d["writes"][:3]]
+            if len(d["writes"]) > 3:
+                lines.append(f"  and {len(d['writes']) - 3} more writes (the report lists them)")
             if d["not_run"]:
                 statuses = sorted({n["status"] for n in d["not_run"]})
                 lines.append(f"  Not run: {len(d['not_run'])} cases ({', '.join(statuses)}; the report lists them)")
+            if direction == "forward":
+                lines += against_lines(r)
     lines += ["", f"Full report: {report}", ""]
     return "\n".join(lines + verdict_table(results)) + "\n"
+
+
+def layouts_line(forward: dict) -> str:
+    """The layout probes by outcome; refusals and raises grouped by what the implementation said."""
+    groups: dict[str, list[str]] = {}
+    said = {case: reason for reason, cases in forward.get("refusals", {}).items() for case in cases}
+    for probe, outcome in forward["layouts"].items():
+        key = said.get(probe, outcome) if outcome in ("refused", "raised", "wrong output") else outcome
+        groups.setdefault(key, []).append(probe)
+    return "Layouts: " + "; ".join(f"{key}: {', '.join(probes)}" for key, probes in groups.items())
 
 
 def render(results: list[dict], meta: dict) -> str:
@@ -83,10 +137,12 @@ def render(results: list[dict], meta: dict) -> str:
     for r in results:
         lines += ["", f"## `{r['impl']}` ({r['op']}, {r['device']})", ""]
         f = r["forward"]
-        lines.append("Layouts: " + "; ".join(f"{k}: {v}" for k, v in f["layouts"].items()))
+        lines.append(layouts_line(f))
         lines.append("")
         wrote = ", ".join(f["writes_into_input"]) or "none"
         lines.append(f"Writes into its inputs: {wrote}. Output a token-major view: {f['token_major_output']}.")
+        if r.get("death"):
+            lines.append(f"Its process: {verdict_text(f, r)}; the cases before it are judged below.")
         for direction in ("forward", "backward"):
             d = r[direction]
             if d is None:
@@ -95,7 +151,7 @@ def render(results: list[dict], meta: dict) -> str:
             lines += ["", f"### {direction}", ""]
             ran = len({c["case"] for c in d["cases"]})
             lines.append(
-                f"Verdict: {d['verdict']} ({d['elements']} elements of {ran} cases judged, {d['outside_model']} "
+                f"Verdict: {verdict_text(d, r)} ({d['elements']} elements of {ran} cases judged, {d['outside_model']} "
                 f"outside the model, {len(d['not_run'])} cases not run); semantics: {semantics_text(d)}."
             )
             if d["first_violation"]:
@@ -103,6 +159,8 @@ def render(results: list[dict], meta: dict) -> str:
                 lines.append("```")
                 lines.append(json.dumps(d["first_violation"], indent=1))
                 lines.append("```")
+            if d["writes"]:
+                lines += ["", "Writes into inputs:"] + [f"- {write_line(w)}" for w in d["writes"]]
             bad = [c for c in d["cases"] if c["outside_model"]]
             if bad:
                 lines += ["", f"#### Where the elements outside the model are ({direction})", ""]
@@ -138,6 +196,6 @@ def render(results: list[dict], meta: dict) -> str:
                         if c["bitwise_equal"] < 1:
                             lines.append(
                                 f"- {c['case']}: {_fmt_share(c['bitwise_equal'])} equal, max {c['max_ulp']} ulp, "
-                                f"{c['differ_rows']} rows differ, in channels {c['differ_channels']}"
+                                f"{c['differ_rows']} rows differ, in channels {listing_text(c['differ_channels'])}"
                             )
     return "\n".join(lines) + "\n"
