@@ -38,7 +38,7 @@ HALF = [(torch.bfloat16, "dsv4"), (torch.float16, "dsv4"), (torch.bfloat16, "odd
 MIXED = HALF + [(torch.float32, "odd")]  # the fp32 case tells fma-rotation from interleaved
 # (op, direction) -> label -> emulation; (op, direction) -> the contract's label: the ops' records
 SEMANTICS = {(op.name, d): op.emulations[d] for op in JUDGED.values() for d in DIRECTIONS}
-CONTRACT = {(op.name, d): op.contract[d] for op in JUDGED.values() for d in DIRECTIONS}
+CONTRACT = {(op.name, d): op.labels()[d] for op in JUDGED.values() for d in DIRECTIONS}
 KEYS = list(SEMANTICS)
 
 

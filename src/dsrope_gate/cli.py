@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from dsrope_reference.contracts import CONTRACTS, DEFAULT
+
 from dsrope_gate import semantics
 from dsrope_gate.cases import DTYPES
 from dsrope_gate.conformance import EXAMPLES, TIMEOUT, Target
@@ -73,6 +75,8 @@ def epilog() -> str:
         "Verdict, per direction (forward, backward):",
     ]
     lines += [f"  {k:18} {v}" for k, v in VERDICT_MEANING.items()]
+    lines += ["", "Contracts (--contract; an FP64 reference with a per-element error model each):"]
+    lines += [f"  {name:18} {c.description}" for name, c in CONTRACTS.items()]
     lines += ["", "Semantics read off the bits (the emulation each agrees with, bf16/fp16 cases for qnorm_rope):"]
     lines += [f"  {k:18} {v}" for k, v in LABELS.items()]
     lines += [
@@ -111,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
     add("--op", choices=tuple(JUDGED), action="append", help="the op(s) to judge (default: both where given presets)")
     add("--impl", action="append", default=[], help="module.path:callable or path/to/file.py:callable; repeatable")
     add("--in-place", action="store_true", help="every --impl rotates x itself: what it writes into x is judged")
+    add(
+        "--contract",
+        choices=tuple(CONTRACTS),
+        default=DEFAULT,
+        help=f"the contract judged (default {DEFAULT}; docs/contract.md derives each)",
+    )
     add("--preset", action="append", default=[], help="a preset (dsrope_gate.presets), or 'all'; repeatable")
     add("--against", help="a second implementation to compare each with, element by element")
     add("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when visible, else cpu")
@@ -282,6 +292,7 @@ def judge_jobs(jobs, device, args, progress, against=None):
             found, outputs, cases, meta = judge_all(
                 op, everyone, device, args.examples, args.seed, args.golden, progress, each_case,
                 isolate=not args.in_process, timeout=args.timeout, dtypes=args.dtype, accept=tuple(args.accept),
+                contract=args.contract,
             )  # fmt: skip
         except LoadError as e:
             raise UsageError(f"cannot load an implementation of {op}: {e}") from e

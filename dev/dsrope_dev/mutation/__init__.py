@@ -48,6 +48,7 @@ PARITY = "src/dsrope_gate/parity.py"
 OPS = "src/dsrope_gate/ops.py"
 STRATEGIES = "src/dsrope_gate/strategies.py"
 CLI = "src/dsrope_gate/cli.py"
+CONFORMANCE = "src/dsrope_gate/conformance/__init__.py"
 
 
 @dataclass(frozen=True)

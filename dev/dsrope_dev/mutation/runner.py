@@ -53,6 +53,7 @@ from dsrope_dev.mutation import (
     CALLING,
     CHECKS,
     CLI,
+    CONFORMANCE,
     DIAGNOSES,
     ISOLATION,
     JUDGING,
@@ -125,9 +126,10 @@ HOME = {
     TESTING: ("test_testing.py", "test_entry_points.py"),
     PLUGIN: ("test_testing.py",),
     PARITY: ("test_parity.py",),
-    OPS: ("test_conformance.py",),
+    OPS: ("test_conformance.py", "test_testing.py"),
     STRATEGIES: ("test_strategies.py",),
     CLI: ("test_cli.py", "test_isolation.py"),
+    CONFORMANCE: ("test_testing.py", "test_presets.py", "test_cli.py"),
 }
 FIRST = ("test_bounds_and_table_strides",)  # small and fast, runs before everything
 LAST = ("test_properties",)  # hypothesis over many shapes: the slowest module, runs after everything
