@@ -316,3 +316,32 @@ def test_the_command_lists_two_releases_of_one_package_each_in_a_process_of_its_
     names = [target.name for _, target in listed]
     assert names == ["transformers@5.17.0:apply_rotary_pos_emb", "transformers@5.23.0:apply_rotary_pos_emb"]
     assert [target.preset for _, target in listed] == ["transformers@5.17.0", "transformers@5.23.0"]
+
+
+# preset result name -> (contract, forward verdict, outside the model) under a contract other than the default:
+# vLLM's q-norm+rope is fp32-through by design; judged against that contract it is exactly that (it refuses
+# the shapes its module constants do not hold: partial), while sglang's fused q path is fp32-through too
+CONTRACT_EXPECTED = {
+    "vllm:xpu_qnorm_rope_kv_fp8_insert": ("vllm", "fp32-through", "partial", 0),
+    "sglang:fused_norm_rope_inplace_triton": ("sglang", "fp32-through", "conforms", 0),
+    "transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb": (
+        "transformers",
+        "fp32-through",
+        "does not conform",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTRACT_EXPECTED))
+def test_verdicts_under_the_fp32_through_contract(name):
+    preset, contract, verdict, outside = CONTRACT_EXPECTED[name]
+    impl = next(i for i in loaded_preset(preset) if i.name == name)
+    (r,), meta = conformance.run(impl.op, [(name, impl.fn)], "cpu", examples=2, contract=contract,
+                                 progress=lambda msg: None)  # fmt: skip
+    assert r["contract"] == meta["contract"] == contract
+    forward = r["forward"]
+    assert forward["verdict"] == verdict, (name, forward["verdict"], forward["outside_model"], forward["not_run"][:2])
+    if outside is not None:
+        assert forward["outside_model"] == outside
+    assert "fp32-through" in forward["semantics"] or verdict == "does not conform"

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, settings
 
 from dsrope_gate.layouts import TOKEN_MAJOR
-from dsrope_gate.ops import JUDGED, PARTIAL_ROPE, QNORM_ROPE
+from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE, ROWS
 from dsrope_gate.strategies import DTYPES, EPS, TABLE_KINDS, cases
 
 SEARCH = settings(
@@ -85,7 +85,7 @@ def test_odd_channels_only_where_the_op_allows_them():
     assert not reaches(QNORM_ROPE, lambda c: c.rotary % 2 == 1 or c.rotary > c.shape[-1], short)
 
 
-@pytest.mark.parametrize("op", list(JUDGED.values()), ids=str)
+@pytest.mark.parametrize("op", list(ROWS.values()), ids=str)
 def test_every_value_kind_table_kind_dtype_and_eps_is_drawn(op):
     missing = [k for k in op.value_kinds if not reaches(op, lambda c, k=k: c.values.x.kind == k)]
     missing += [k for k in TABLE_KINDS if not reaches(op, lambda c, k=k: c.values.tables.kind == k)]

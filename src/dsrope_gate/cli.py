@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from dsrope_reference.contracts import CONTRACTS, DEFAULT
+
 from dsrope_gate import semantics, tables
 from dsrope_gate.cases import DTYPES
 from dsrope_gate.conformance import EXAMPLES, TIMEOUT, Target
@@ -87,6 +89,11 @@ def epilog() -> str:
         "Verdict, per direction (forward, backward):",
     ]
     lines += [f"  {k:18} {v}" for k, v in VERDICT_MEANING.items()]
+    lines += ["", "Contracts (--contract; an FP64 reference with a per-element error model each):"]
+    lines += [f"  {name:18} {c.description}" for name, c in CONTRACTS.items()]
+    lines += [
+        f"  rope_tables has one contract, {tables.CONTRACT}, whichever --contract names: {tables.LABELS[tables.CONTRACT]}"
+    ]
     lines += ["", "Semantics read off the bits (the emulation each agrees with, bf16/fp16 cases for qnorm_rope):"]
     lines += [f"  {k:18} {v}" for k, v in LABELS.items()]
     lines += [
@@ -130,6 +137,12 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--impl", action="append", default=[], help="module.path:callable or path/to/file.py:callable; repeatable")
     add("--in-place", action="store_true", help="every --impl rotates x itself: what it writes into x is judged")
+    add(
+        "--contract",
+        choices=tuple(CONTRACTS),
+        default=DEFAULT,
+        help=f"the contract judged (default {DEFAULT}; docs/contract.md derives each)",
+    )
     add("--preset", action="append", default=[], help="a preset (dsrope_gate.presets), or 'all'; repeatable")
     add(
         "--pipeline",
@@ -346,6 +359,7 @@ def judge_jobs(jobs, device, args, progress, against=None):
             found, outputs, cases, meta = judge_all(
                 op, everyone, device, args.examples, args.seed, args.golden, progress, each_case,
                 isolate=not args.in_process, timeout=args.timeout, dtypes=args.dtype, accept=tuple(args.accept),
+                contract=args.contract,
             )  # fmt: skip
         except LoadError as e:
             raise UsageError(f"cannot load an implementation of {op}: {e}") from e

@@ -31,6 +31,8 @@ REF_FLOATS = "reference/dsrope_reference/floats.py"
 REF_ROPE = "reference/dsrope_reference/rope.py"
 REF_QNORM = "reference/dsrope_reference/qnorm_rope.py"
 REF_UTILS = "reference/dsrope_reference/rope_utils.py"
+REF_CONTRACTS = "reference/dsrope_reference/contracts.py"
+REF_EVERY_OP = "reference/dsrope_reference/every_op_rounded.py"
 REF_TABLES = "reference/dsrope_reference/rope_tables.py"
 SEMANTICS = "src/dsrope_gate/semantics.py"
 TABLES = "src/dsrope_gate/tables.py"
@@ -46,6 +48,7 @@ PARITY = "src/dsrope_gate/parity.py"
 OPS = "src/dsrope_gate/ops.py"
 STRATEGIES = "src/dsrope_gate/strategies.py"
 CLI = "src/dsrope_gate/cli.py"
+CONFORMANCE = "src/dsrope_gate/conformance/__init__.py"
 
 
 @dataclass(frozen=True)

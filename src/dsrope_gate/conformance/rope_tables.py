@@ -45,7 +45,7 @@ class TableInputs(NamedTuple):
 def collect_cases(op, progress, device="cpu"):
     """(the prepared cases, a note): tables.CASES with their positions on `device`; the reference is computed per
     case and declared factor when first judged (tables.reference_model keeps it)."""
-    made = [Prepared(case, TableInputs(case.position_ids(device))) for case in tables.CASES]
+    made = [Prepared(case, TableInputs(case.position_ids(device)), contract=tables.CONTRACT) for case in tables.CASES]
     progress(f"{len(made)} cases")
     return made, f"table cases: dsrope_gate.tables.CASES ({len(made)})"
 
@@ -171,7 +171,8 @@ def run_impl(name: str, caller, op, cases, device: str, progress, each_case=None
     record["attention_factors"] = {kind: factor for kind, factor in factors.items() if factor != 1}
     record |= {"layouts": {}, "refusals": refusals(record["not_run"]), "token_major_output": None}
     record["writes_into_input"] = sorted({w["tensor"] for w in record["writes"]})
-    res = {"impl": name, "op": op.name, "device": device, "forward": record, "backward": None}
+    res = {"impl": name, "op": op.name, "device": device, "contract": tables.CONTRACT}
+    res |= {"forward": record, "backward": None}
     if death is not None:
         res["death"] = {"verdict": death.verdict, "reason": death.reason, "case": death.case, "call": death.direction}
     progress(f"{name} {op}: forward {verdict_text(record, res)} ({len(cases)} cases)")
