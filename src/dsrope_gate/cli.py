@@ -91,9 +91,7 @@ def epilog() -> str:
     lines += [f"  {k:18} {v}" for k, v in VERDICT_MEANING.items()]
     lines += ["", "Contracts (--contract; an FP64 reference with a per-element error model each):"]
     lines += [f"  {name:18} {c.description}" for name, c in CONTRACTS.items()]
-    lines += [
-        f"  rope_tables has one contract, {tables.CONTRACT}, whichever --contract names: {tables.LABELS[tables.CONTRACT]}"
-    ]
+    lines += [f"  rope_tables has one, {tables.CONTRACT}, whichever --contract names: {tables.LABELS[tables.CONTRACT]}"]
     lines += ["", "Semantics read off the bits (the emulation each agrees with, bf16/fp16 cases for qnorm_rope):"]
     lines += [f"  {k:18} {v}" for k, v in LABELS.items()]
     lines += [
