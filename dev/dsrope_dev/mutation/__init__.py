@@ -48,6 +48,8 @@ PARITY = "src/dsrope_gate/parity.py"
 OPS = "src/dsrope_gate/ops.py"
 STRATEGIES = "src/dsrope_gate/strategies.py"
 CLI = "src/dsrope_gate/cli.py"
+TABLE_OP = "src/dsrope_gate/conformance/rope_tables.py"
+PIPELINES = "src/dsrope_gate/pipelines.py"
 CONFORMANCE = "src/dsrope_gate/conformance/__init__.py"
 
 

@@ -310,7 +310,7 @@ MUTANTS = [
     mutant(
         "tables.judge_checks_cos_only",
         TABLES,
-        "judge_case",
+        "judge_pairs",
         "the verdict judges cos and never sin",
         ('zip(("cos", "sin"), models, got, strict=True)', 'zip(("cos",), models, got)'),
     ),
@@ -320,16 +320,16 @@ MUTANTS = [
         "judge_case",
         "the judge reads entries R/2 .. R-1 (a duplicated table's copy) instead of the pairs' entries",
         (
-            'got = [t[..., :half].detach().to("cpu", torch.float64) for t in out]',
-            'got = [t[..., half:].detach().to("cpu", torch.float64) for t in out]',
+            "judge_pairs(case, out[0][..., :half], out[1][..., :half],",
+            "judge_pairs(case, out[0][..., half:], out[1][..., half:],",
         ),
     ),
     mutant(
         "tables.cuda_allowances_everywhere",
         TABLES,
-        "judge_case",
+        "judge_pairs",
         "the CUDA allowances (cos 2 ulp, pow 4 ulp) judge CPU tables too",
-        ("allowances = CUDA_ULPS if out[0].is_cuda else CPU_ULPS", "allowances = CUDA_ULPS"),
+        ("allowances = CUDA_ULPS if cuda else CPU_ULPS", "allowances = CUDA_ULPS"),
     ),
     mutant(
         "tables.malformed_accepts_any_dtype",
