@@ -24,6 +24,11 @@
 #           FP32 matmuls, tables-tf32.md with TF32 ones), then the tables' GPU tests; the peers' pinned
 #           releases as for `parity`, with megatron-core's embedding modules in .whl/peers
 #           (`python -m dsrope_gate.table_builders fetch` writes them)
+#   pipelines  the pipelines' matrix on CUDA (python -m dsrope_gate.conformance --pipeline ...): the trainers
+#           (transformers 5.17.0 and 5.23.0, megatron-core, nemo-automodel) against the engines (vLLM, sglang), with
+#           dsrope and veomni, from the same positions; pipelines.md/json with FP32 matmuls, pipelines-tf32.md/json
+#           with cuBLAS in TF32 (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, as trainers often set it); the peers as for
+#           `tables`
 #
 # Packages: the device's own torch and triton; the wheels in the ignored .whl/ folder (carried with the tree:
 # the test dependencies the host lacks, such as nox, hypothesis, pytest-xdist, ml_dtypes, mpmath, safetensors)
@@ -128,7 +133,25 @@ for phase in "$@"; do
       (timeout 300 python3 -m nox -s gpu-tests -- -q -rfE tests/test_table_builders.py tests/test_tables.py > "$OUT/tt.log" 2>&1
        echo "table-tests rc $?" >> "$OUT/tt.log")
       tail -8 "$OUT/tt.log" > "$OUT/tt.tail"; rm "$OUT/tt.log"; fold_logs "$OUT/tt.tail" ;;
-    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma, releases, tables)"; false ;;
+    pipelines)
+      install_peers
+      names=""
+      for p in transformers@5.17.0 transformers@5.23.0 megatron-core nemo-automodel vllm sglang dsrope veomni; do
+        names="$names --pipeline $p"
+      done
+      for mode in fp32 tf32; do
+        suffix=$([ "$mode" = tf32 ] && echo "-tf32")
+        # shellcheck disable=SC2086  # names is a list of options
+        (env $([ "$mode" = tf32 ] && echo TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1) timeout 280 \
+           python3 -m dsrope_gate.conformance $names --device cuda --out "$OUT/pl$suffix" \
+           --json "$OUT/pipelines$suffix.json" > "$OUT/pl$suffix.log" 2>&1
+         rc=$?; [ $rc -le 1 ] && echo "pipelines$suffix exit $rc (1: a pipeline did not run every case)" >> "$OUT/pl$suffix.log" \
+           || echo "pipelines$suffix rc $rc" >> "$OUT/pl$suffix.log")
+        mv "$OUT/pl$suffix/pipelines.md" "$OUT/pipelines$suffix.md" 2>/dev/null; rm -rf "$OUT/pl$suffix"
+        grep -E "^\[|exit|rc" "$OUT/pl$suffix.log" > "$OUT/pl$suffix.tail"; rm "$OUT/pl$suffix.log"
+      done
+      fold_logs "$OUT/pl.tail" "$OUT/pl-tf32.tail" ;;
+    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma, releases, tables, pipelines)"; false ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
 done
