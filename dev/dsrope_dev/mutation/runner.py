@@ -499,17 +499,18 @@ def home_stages(scratch: Path, args, home: tuple[str, ...]) -> list[tuple[str, l
     return [("home", files[:first]), ("rest", files[first:])] if 0 < first < len(files) else [("all", files)]
 
 
-def reach_stages(scratch: Path, reaching: list[str]) -> list[tuple[str, list[str]]]:
+def reach_stages(scratch: Path, reaching: list[str], home: tuple[str, ...]) -> list[tuple[str, list[str]]]:
     """The suite in two stages by the map: the tests that reach the mutant's edits, by node id in the given
-    order, then every module of the suite with those tests deselected (the union is the whole suite, whatever
-    the map says). The node ids go through pytest's @argsfile: one argument a line."""
+    order, then every module of the suite with those tests deselected, the guards and the HOME modules first
+    (a test that reaches the file in a child process only, which the map cannot see, comes early). The union
+    is the whole suite, whatever the map says. The node ids go through pytest's @argsfile: one a line."""
     if not reaching:
-        return [("rest", test_files(scratch, FIRST))]
+        return [("rest", test_files(scratch, FIRST + home))]
     (scratch / "reach.args").write_text("".join(f"{n}\n" for n in reaching))
     (scratch / "rest.args").write_text("".join(f"--deselect={n}\n" for n in reaching))
     return [
         (f"reach ({len(reaching)} tests)", [f"@{scratch / 'reach.args'}"]),
-        ("rest", [*test_files(scratch, FIRST), f"@{scratch / 'rest.args'}"]),
+        ("rest", [*test_files(scratch, FIRST + home), f"@{scratch / 'rest.args'}"]),
     ]
 
 
@@ -594,7 +595,8 @@ def run_mutant(m: Mutant) -> Result:
     except Stale as e:
         return Result(m, "stale", reason=str(e))
     reaching = JOB["reaching"].get(m.name)  # absent without a map; None: every test may reach it
-    stages = home_stages(scratch, args, HOME.get(m.file, ())) if reaching is None else reach_stages(scratch, reaching)
+    home = HOME.get(m.file, ())
+    stages = home_stages(scratch, args, home) if reaching is None else reach_stages(scratch, reaching, home)
     result = run_suite(scratch, args, stages, base / f"{m.name}.log")
     result.mutant = m
     if not args.keep:
