@@ -239,7 +239,9 @@ def gpu_mutants(session: nox.Session) -> None:
 def mutants(session: nox.Session) -> None:
     """Mutation gate (dsrope_dev.mutation): every seeded kernel fault must fail the suite.
 
-    CPU: the CPU mutants against the whole CPU suite in the interpreter. Packages as for verify.
+    CPU: the CPU mutants against the whole CPU suite in the interpreter, each first against the tests that reach
+    its edits (the map kept in out/mutants/, docs/mutation-gate.md; `-- --no-map` runs without it). Packages as
+    for verify.
     On a CUDA host use `nox -s gpu-mutants` (this session's virtualenv may not see the host's torch).
     """
     modules = ("torch", "triton", "numpy", "ml_dtypes", "mpmath", "hypothesis", "pytest", "xdist", "safetensors")

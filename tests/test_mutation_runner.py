@@ -6,14 +6,16 @@ own edit no longer applies)."""
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from dsrope_dev.mutation import mutant, runner
+from dsrope_dev.mutation import mutant, reach, runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,3 +120,171 @@ def test_home_first_and_last_name_files_that_exist():
     assert all((ROOT / source).is_file() for source in runner.HOME)
     assert {name for homes in runner.HOME.values() for name in homes} <= modules
     assert all(any(m.startswith(prefix) for m in modules) for prefix in runner.FIRST + runner.LAST)
+
+
+# ---- the map: which tests reach which code (dsrope_dev.mutation.reach) -----------------------------------
+
+PROJECT = {
+    "mod.py": """\
+import functools
+
+
+def at_import():
+    return 1
+
+
+def first():
+    return 2
+
+
+def second():
+    return 3
+
+
+def for_the_module():
+    return 4
+
+
+@functools.cache
+def decorated():
+    return 5
+
+
+RECORD = dict(scale=at_import())
+""",
+    "tests/test_a.py": """\
+import pytest
+
+import mod
+
+VALUE = mod.at_import()
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return mod.for_the_module()
+
+
+def test_first():
+    assert mod.first() == 2
+
+
+def test_second(shared):
+    assert mod.second() + mod.decorated() == 8
+
+
+def test_uses_the_fixture_set_up_before(shared):
+    assert shared == 4
+""",
+}
+
+
+def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
+    """The merged map of a pytest run, in a fresh interpreter (Triton's interpreter on the CPU), over a project
+    of `files` in tmp_path."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "dev")]))
+    env.update({reach.ENV: str(tmp_path / "parts"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "dsrope_dev.mutation.reach", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return reach.merge(tmp_path / "parts")
+
+
+def reached(reach_map: dict, test: str, file: str = "mod.py") -> set[tuple[int, int]]:
+    found = reach_map["collection"] if test == reach.COLLECTION else reach_map["tests"][test]
+    return {(lo, hi) for f, lo, hi in (reach_map["units"][i] for i in found) if f == file}
+
+
+def test_the_tracer_attributes_each_call_to_the_test_that_made_it(tmp_path):
+    """Calls in a test go to its node id; a module-level call (at import, i.e. collection) to "collection";
+    a module fixture's calls to every test that uses it, not only to the first; tests/ is left out; a
+    decorated function counts from its body, not from its decorator."""
+    reach_map = traced_map(tmp_path, PROJECT, "tests/test_a.py")
+    spans = runner.function_spans(PROJECT["mod.py"])
+    body = lambda name: (spans[name][1], spans[name][1])  # each function here is one line of body
+    first, second, fixture = (
+        f"tests/test_a.py::{t}" for t in ("test_first", "test_second", "test_uses_the_fixture_set_up_before")
+    )
+    assert list(reach_map["tests"]) == [first, second, fixture]
+    assert reached(reach_map, first) == {body("first")}
+    assert reached(reach_map, second) == {body("second"), body("for_the_module"), body("decorated")}
+    assert reached(reach_map, fixture) == {body("for_the_module")}
+    assert body("at_import") in reached(reach_map, reach.COLLECTION)
+    assert body("first") not in reached(reach_map, reach.COLLECTION)
+    assert not any(f.startswith("tests/") for f, _, _ in reach_map["units"])
+    # the selection: the tests that reach a mutant's function; every test for one reached at collection
+    # or for an edit at module level (a record: importing runs it)
+    select = lambda function, edit: reach.reaching(
+        reach_map, "mod.py", runner.edit_spans(mutant("t", "mod.py", function, "", edit), PROJECT["mod.py"])
+    )
+    assert select("first", ("return 2", "return -2")) == [first]
+    assert select("for_the_module", ("return 4", "return -4")) == [second, fixture]
+    assert select("at_import", ("return 1", "return -1")) is None
+    assert select("RECORD", ("scale=", "scale=-")) is None
+
+
+KERNEL = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def double(X, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(X + i, tl.load(X + i) * 2)
+
+
+def untouched():
+    return 0
+"""
+
+
+def test_an_interpreted_kernel_is_reached_through_its_own_lines(tmp_path):
+    """Triton's interpreter runs a kernel as a function compiled from its rewritten source, with the kernel's
+    file name and line numbers: the test that launches it reaches the kernel's span."""
+    test = "import torch\nimport kern\n\n\ndef test_launch():\n    x = torch.ones(4)\n    kern.double[(1,)](x, 4)\n"
+    test += "    assert x.tolist() == [2.0] * 4\n"
+    reach_map = traced_map(tmp_path, {"kern.py": KERNEL, "tests/test_k.py": test}, "tests/test_k.py")
+    double = mutant("t", "kern.py", "double", "", ("* 2", "* 3"))
+    assert reach.reaching(reach_map, "kern.py", runner.edit_spans(double, KERNEL)) == ["tests/test_k.py::test_launch"]
+    untouched = mutant("t", "kern.py", "untouched", "", ("return 0", "return 1"))
+    assert reach.reaching(reach_map, "kern.py", runner.edit_spans(untouched, KERNEL)) == []
+
+
+def test_an_edit_runs_in_the_innermost_def_or_lambda_holding_it():
+    source = "def outer(a):\n    def inner(b):\n        return b + 1\n\n    f = lambda c: c * 2\n"
+    source += "    return inner(a) + f(a)\n"
+    spans = lambda function, *edits: runner.edit_spans(mutant("t", "x.py", function, "", *edits), source)
+    assert spans("outer", ("b + 1", "b - 1")) == [(2, 3)]
+    assert spans("outer", ("c * 2", "c * 3")) == [(5, 5)]
+    assert spans("outer", ("return inner(a)", "return inner(-a)")) == [(1, 6)]
+    # a second edit of the text the first made: its whole function
+    assert spans("outer", ("b + 1", "b - 1"), ("b - 1", "b - 2")) == [(2, 3), (1, 6)]
+
+
+def test_a_map_is_kept_for_its_tree_only(tmp_path):
+    """The key follows every copied file but the catalogs (data only the runner reads): a changed kernel or
+    test gives a new key, so a stored map is not reused; a changed catalog keeps the key, and the whole-tree
+    hash (whether the map's own run was this tree's baseline) changes."""
+    files = ["src/dsrope/rope.py", "tests/test_rope.py", "dev/dsrope_dev/mutation/catalog_rope.py"]
+    write(tmp_path, files)
+    key, whole = reach.tree_keys(tmp_path, files)
+    report = tmp_path / "out"
+    runner.store_map(report, key, {"tests": {}})
+    assert runner.stored_map(report, key) == {"tests": {}}
+    (tmp_path / "dev/dsrope_dev/mutation/catalog_rope.py").write_text("MUTANTS = []\n")
+    assert reach.tree_keys(tmp_path, files)[0] == key and reach.tree_keys(tmp_path, files)[1] != whole
+    for changed in ("src/dsrope/rope.py", "tests/test_rope.py"):
+        (tmp_path / changed).write_text("# changed\n")
+        key, _ = reach.tree_keys(tmp_path, files)
+        assert runner.stored_map(report, key) is None
+    assert reach.tree_keys(tmp_path, files, "--deselect x")[0] != key

@@ -5,11 +5,18 @@ that is no git checkout, every file but what .gitignore and DEFAULT_IGNORED list
 directory, applies the edit there and runs the suite on that copy, with the copy's src/, reference/,
 dev/ and root first on the path and every path into the real checkout (an editable install's .pth, for
 one) removed, so the copy's code is what runs; a canary planted in a copy proves it before any
-mutant runs, and the unmutated copy must pass the whole suite first (the baseline). A run has two
-stages: tests/test_bounds_and_table_strides.py and the mutated file's own test module, then, only if
-those pass, every other test module (tests/test_properties.py last). Killed: a test failed. Survived:
-the whole suite passed. Broken (a collection or import error) and crashed (pytest died of a
-signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
+mutant runs, and the unmutated copy must pass the whole suite first (the baseline).
+
+A run has two stages, the second only if the first passed. On CPU, with a map (dsrope_dev.mutation.reach:
+which test reaches which function, recorded by tracing the baseline and kept in out/mutants/reach-KEY.json
+while the tree's contents are unchanged): first the tests that reach the mutant's edits (the guards' first,
+then the quickest), by node id; then every other test of the suite. A mutant whose edit runs at import (a
+module-level record, a class body, a function called at collection) runs the way without a map. Without a
+map (`--no-map`, `--tests`, `--gpu`, or `--no-baseline` with none kept): tests/test_bounds_and_table_strides.py
+and the mutated file's HOME modules, then every other test module (tests/test_properties.py last). Either
+way the two stages together are the whole suite, so the kills are a full run's. Killed: a test failed (the
+table says in which stage). Survived: the whole suite passed. Broken (a collection or import error) and
+crashed (pytest died of a signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
 forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
 instead); on CUDA every run starts fresh.
 
@@ -90,6 +97,7 @@ from dsrope_dev.mutation import (
     catalog_rope_utils,
     catalog_semantics,
     catalog_tiles,
+    reach,
 )
 
 CATALOG = (
@@ -199,6 +207,43 @@ def mutated_text(m: Mutant, text: str) -> str:
             raise Stale(f"{m.name}: {old!r} occurs {n} times in {function} ({m.file}; expected exactly once)")
         text = "".join(lines[: first - 1]) + body.replace(old, new) + "".join(lines[last:])
     return text
+
+
+def edit_spans(m: Mutant, text: str) -> list[tuple[int, int]] | None:
+    """The line ranges in which m's edits can run, in the unmutated `text`: for each edit, the innermost
+    def or lambda that holds its whole old text (only calling it runs the edit: a default argument too is
+    used only by a call); None when an edit lies outside every def and lambda (a module-level record, a
+    class body), which importing the module runs."""
+    tree = ast.parse(text)
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line.encode()))
+    offset = lambda lineno, col: starts[lineno - 1] + col  # ast's columns count UTF-8 bytes
+    functions = [
+        (offset(n.lineno, n.col_offset), offset(n.end_lineno, n.end_col_offset), n.lineno, n.end_lineno)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+    ]
+    spans = function_spans(text)
+    found = []
+    for function, old, _ in m.edits:
+        first, last = spans[function]
+        body = "".join(lines[first - 1 : last])
+        if body.count(old) != 1:  # an edit of the text an earlier edit made: the whole function, if a def
+            if not any(f[2:] == (first, last) for f in functions):
+                return None
+            found.append((first, last))
+            continue
+        stripped = old.strip()  # a replaced last line's newline lies past its function's end
+        start = starts[first - 1] + len(body[: body.index(old) + old.index(stripped)].encode())
+        end = start + len(stripped.encode())
+        holding = [f for f in functions if f[0] <= start and end <= f[1]]
+        if not holding:
+            return None
+        inner = min(holding, key=lambda f: f[1] - f[0])
+        found.append((inner[2], inner[3]))
+    return found
 
 
 # What a copy leaves out where git cannot say (beside the tree's own .gitignore): git's directory, build
@@ -335,6 +380,7 @@ class Result:
     reason: str = ""
     ran: int = 0
     log: str = ""
+    stage: str = ""  # the stage that decided: "reach (N tests)" or "rest" with a map, "home" or "rest" without
 
 
 def parse_junit(path: Path):
@@ -421,9 +467,17 @@ def fork_and_wait(scratch: Path, gpu: bool, root: Path, log_path: Path, run, tim
         time.sleep(0.05)
 
 
-def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Path, workers, fork: bool) -> int | None:
-    """One pytest run in the scratch copy; None when it hangs past the timeout."""
+def run_pytest(
+    scratch: Path, args, files: list[str], log_path: Path, junit: Path, workers, fork: bool, trace: Path | None = None
+) -> int | None:
+    """One pytest run in the scratch copy; None when it hangs past the timeout. `trace`: a fresh interpreter
+    records which tests reach which code (dsrope_dev.mutation.reach) into that folder."""
     argv = ["-x", "-q", "-p", "no:cacheprovider", "-n", str(workers), f"--junitxml={junit}"]
+    env = scratch_env(scratch, args.gpu, args.root)
+    if trace:
+        assert not fork, "the map's run starts fresh interpreters: the plugin traces from its import on"
+        argv += ["-p", "dsrope_dev.mutation.reach"]
+        env[reach.ENV] = str(trace)
     if args.gpu and not args.all:
         argv += ["-m", "gpu"]
     for node in args.deselect:
@@ -440,7 +494,7 @@ def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Pat
             return subprocess.run(
                 [sys.executable, "-m", "pytest", *argv],
                 cwd=scratch,
-                env=scratch_env(scratch, args.gpu, args.root),
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 timeout=args.timeout,
@@ -449,27 +503,50 @@ def run_pytest(scratch: Path, args, files: list[str], log_path: Path, junit: Pat
             return None
 
 
-def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, workers=None, fork=None) -> Result:
-    """The whole suite on the scratch copy, in two stages: the guards and the mutated file's own
-    tests first, then every other test module, run only if the first stage passed. Survived: every
-    test passed. Killed: a test failed. Not kills: `broken` (a collection or import error) and
-    `crashed` (pytest died of a signal): the mutant must fail a test."""
-    workers = args.workers if workers is None else workers
-    fork = args.fork if fork is None else fork
+def home_stages(scratch: Path, args, home: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """The suite in two stages by module (the way without a map): the guards and the mutated file's own
+    test modules (HOME), then every other module."""
     files = test_files(scratch, FIRST + home)
     if args.tests:
         files = selected_tests(files, args.tests)
     first = sum(any(Path(f).name.startswith(p) for p in FIRST + home) for f in files)
-    stages = [files[:first], files[first:]] if 0 < first < len(files) else [files]
+    return [("home", files[:first]), ("rest", files[first:])] if 0 < first < len(files) else [("all", files)]
+
+
+def reach_stages(scratch: Path, reaching: list[str], home: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """The suite in two stages by the map: the tests that reach the mutant's edits, by node id in the given
+    order, then every module of the suite with those tests deselected, the guards and the HOME modules first
+    (a test that reaches the file in a child process only, which the map cannot see, comes early). The union
+    is the whole suite, whatever the map says. The node ids go through pytest's @argsfile: one a line."""
+    if not reaching:
+        return [("rest", test_files(scratch, FIRST + home))]
+    (scratch / "reach.args").write_text("".join(f"{n}\n" for n in reaching))
+    (scratch / "rest.args").write_text("".join(f"--deselect={n}\n" for n in reaching))
+    return [
+        (f"reach ({len(reaching)} tests)", [f"@{scratch / 'reach.args'}"]),
+        ("rest", [*test_files(scratch, FIRST + home), f"@{scratch / 'rest.args'}"]),
+    ]
+
+
+def run_suite(
+    scratch: Path, args, stages, log_path: Path, workers=None, fork=None, trace: Path | None = None
+) -> Result:
+    """The suite on the scratch copy, in stages (home_stages, reach_stages), each run only if the ones before
+    it passed. Survived: every test passed. Killed: a test failed; `stage` says in which stage. Not kills:
+    `broken` (a collection or import error) and `crashed` (pytest died of a signal): the mutant must fail a
+    test."""
+    workers = args.workers if workers is None else workers
+    fork = args.fork if fork is None else fork
     result = Result(None, "survived", log=str(log_path))
     log_path.write_text("")
-    for i, stage in enumerate(stages):
+    for i, (label, stage) in enumerate(stages):
         junit = scratch / f"junit-{i}.xml"
         start = time.monotonic()
-        rc = run_pytest(scratch, args, stage, log_path, junit, workers, fork)
+        rc = run_pytest(scratch, args, stage, log_path, junit, workers, fork, trace)
         result.seconds += time.monotonic() - start
         ran, failed = parse_junit(junit)
         result.ran += ran
+        result.stage = label
         if rc is None:
             result.status, result.reason = "timeout", f"no result within {args.timeout}s (the gate would hang)"
         elif rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
@@ -486,6 +563,7 @@ def run_suite(scratch: Path, args, home: tuple[str, ...], log_path: Path, worker
             result.reason = f"pytest exit {rc}: " + (failed[0][1] if failed else "no test failure recorded")
             result.killer = failed[0][0] if failed else ""
         return result
+    result.stage = ""
     if result.ran == 0:
         result.status, result.reason = "broken", "no test ran"
     return result
@@ -530,7 +608,10 @@ def run_mutant(m: Mutant) -> Result:
         target.write_text(mutated_text(m, target.read_text()))
     except Stale as e:
         return Result(m, "stale", reason=str(e))
-    result = run_suite(scratch, args, HOME.get(m.file, ()), base / f"{m.name}.log")
+    reaching = JOB["reaching"].get(m.name)  # absent without a map; None: every test may reach it
+    home = HOME.get(m.file, ())
+    stages = home_stages(scratch, args, home) if reaching is None else reach_stages(scratch, reaching, home)
+    result = run_suite(scratch, args, stages, base / f"{m.name}.log")
     result.mutant = m
     if not args.keep:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -540,6 +621,23 @@ def run_mutant(m: Mutant) -> Result:
 JOB: dict = {}  # the run's arguments, set before the pool forks its workers
 
 
+def stored_map(report: Path, key: str) -> dict | None:
+    """The map kept for the tree whose key (reach.tree_keys) is `key`; None when there is none."""
+    path = report / f"reach-{key}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def store_map(report: Path, key: str, reach_map: dict) -> None:
+    report.mkdir(parents=True, exist_ok=True)
+    (report / f"reach-{key}.json").write_text(json.dumps(reach_map))
+
+
+def quickest_first(tests: list[str], seconds: dict[str, float]) -> list[str]:
+    """The guards' tests first (FIRST), then the others by the time the map's run took for each."""
+    guard = lambda n: not any(Path(n.split("::")[0]).name.startswith(p) for p in FIRST)
+    return sorted(tests, key=lambda n: (guard(n), seconds.get(n, 0.0)))
+
+
 def counted(m: Mutant, args) -> bool:
     if m.equivalent:
         return False
@@ -547,7 +645,10 @@ def counted(m: Mutant, args) -> bool:
 
 
 def table(results: list[Result], skipped: list[Mutant]) -> str:
-    rows = ["| # | fault | file | result | time (s) | killing test |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| # | fault | file | result | stage | time (s) | killing test |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for i, r in enumerate(results, 1):
         note = f"`{r.killer}`" if r.killer else ""
         if r.status != "killed" or not r.reason.startswith("AssertionError"):
@@ -556,12 +657,12 @@ def table(results: list[Result], skipped: list[Mutant]) -> str:
             note = f"equivalent, run on request: {note}"
         rows.append(
             f"| {i} | {r.mutant.name}: {r.mutant.what} | {Path(r.mutant.file).name} | {r.status} | "
-            f"{r.seconds:.1f} | {note} |"
+            f"{r.stage or '-'} | {r.seconds:.1f} | {note} |"
         )
     for m in skipped:
         where = "GPU-only: `nox -s gpu-mutants` on CUDA" if m.gpu_only else "CPU mutant: `nox -s mutants`"
         why = f"equivalent: {m.equivalent}" if m.equivalent else where
-        rows.append(f"| - | {m.name}: {m.what} | {Path(m.file).name} | not run | - | {why} |")
+        rows.append(f"| - | {m.name}: {m.what} | {Path(m.file).name} | not run | - | - | {why} |")
     return "\n".join(rows)
 
 
@@ -591,6 +692,13 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep scratch copies")
     p.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated copy")
     p.add_argument(
+        "--no-map",
+        dest="map",
+        action="store_false",
+        help="run each mutant against its file's HOME modules, then the rest, instead of the tests the map says "
+        "reach its edits (a run with --tests never uses the map)",
+    )
+    p.add_argument(
         "--deselect",
         action="append",
         default=[],
@@ -604,6 +712,7 @@ def main(argv=None) -> int:
     args.report = args.report or args.root / "out" / "mutants"
     args.jobs = args.jobs or (1 if args.gpu else 2)
     args.fork = args.fork and not args.gpu  # CUDA runs start fresh: no CUDA state crosses a fork
+    args.map = args.map and not args.gpu and not args.tests
 
     stale = []
     for m in catalog():
@@ -646,12 +755,32 @@ def main(argv=None) -> int:
     baseline_dir = base / "_baseline"
     copy_tree(args.root, baseline_dir, files)
     print(f"canary: the scratch copy's dsrope and dsrope_dev run ({canary_check(baseline_dir, args)})", flush=True)
-    if not args.no_baseline:
+    # the map: kept under the report folder, keyed by the tree's contents; built by a traced baseline
+    reach_map, trace, baseline_needed = None, None, not args.no_baseline
+    baseline_note = "skipped" if args.no_baseline else "included"
+    map_note = "no map: HOME modules, then the rest"
+    if args.map:
+        key, whole = reach.tree_keys(args.root, files, "\n".join(sorted(args.deselect)))
+        map_path = args.report / f"reach-{key}.json"
+        reach_map = stored_map(args.report, key)
+        if reach_map is not None:
+            baseline_needed = baseline_needed and reach_map["tree"] != whole
+            baseline_note = "the map's run" if reach_map["tree"] == whole else baseline_note
+            why = "its run passed on this very tree" if reach_map["tree"] == whole else "the catalogs changed since"
+            map_note = f"map {map_path.name} reused ({why})"
+            print(f"map: {map_path} reused ({why}), {len(reach_map['tests'])} tests", flush=True)
+        elif baseline_needed:
+            trace, baseline_needed = base / "_reach", True
+    if baseline_needed:
         # the unmutated copy as the gate runs it: a fresh interpreter, every job slot an xdist worker
         workers = 0 if args.gpu else args.jobs
-        baseline = run_suite(baseline_dir, args, (), base / "_baseline.log", workers=workers, fork=False)
+        stages = home_stages(baseline_dir, args, ())
+        baseline = run_suite(
+            baseline_dir, args, stages, base / "_baseline.log", workers=workers, fork=False, trace=trace
+        )
+        traced = ", traced for the map" if trace else ""
         print(
-            f"baseline (unmutated copy): {'passes' if baseline.status == 'survived' else baseline.status}, "
+            f"baseline (unmutated copy{traced}): {'passes' if baseline.status == 'survived' else baseline.status}, "
             f"{baseline.ran} tests ran, {baseline.seconds:.1f}s",
             flush=True,
         )
@@ -659,14 +788,28 @@ def main(argv=None) -> int:
             print(f"the unmutated copy does not pass: {baseline.killer} {baseline.reason}; log {baseline.log}")
             print(Path(baseline.log).read_text()[-3000:])
             return 1
+        if trace:
+            reach_map = dict(reach.merge(trace), key=key, tree=whole, seconds_traced=round(baseline.seconds, 1))
+            store_map(args.report, key, reach_map)
+            map_note = f"map {map_path.name} built by the traced baseline ({baseline.seconds:.0f}s)"
+            print(f"map: {map_path} written, {len(reach_map['tests'])} tests", flush=True)
     shutil.rmtree(baseline_dir, ignore_errors=True)
+    reaching = {}
+    if reach_map is not None:
+        for m in chosen:
+            found = reach.reaching(reach_map, m.file, edit_spans(m, (args.root / m.file).read_text()))
+            reaching[m.name] = None if found is None else quickest_first(found, reach_map["seconds"])
+    elif args.map:
+        map_note = "no map for this tree and no baseline to build it (--no-baseline): HOME modules, then the rest"
+        print(f"map: {map_note}", flush=True)
 
-    JOB.update(args=args, files=files, base=base)
+    JOB.update(args=args, files=files, base=base, reaching=reaching)
     results: list[Result] = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         for r in pool.imap_unordered(run_mutant, chosen):
             results.append(r)
             by = f" by {r.killer}" if r.killer else ""
+            by += f" in stage {r.stage}" if r.stage else ""
             why = f" ({r.reason})" if r.reason else ""
             print(
                 f"[{len(results)}/{len(chosen)}] {r.mutant.name}: {r.status.upper()} in {r.seconds:.1f}s{by}{why}",
@@ -680,9 +823,11 @@ def main(argv=None) -> int:
     bad = [r for r in results if counted(r.mutant, args) and r.status not in ("killed", "timeout")]
     n = sum(counted(r.mutant, args) for r in results)
     killed = n - len(bad)
+    first = sum(r.status == "killed" and r.stage not in ("rest", "all") for r in results)
     summary = (
         f"{killed}/{n} counted mutants killed on {mode} in {total:.0f}s wall "
-        f"(jobs={args.jobs}, fork={args.fork}, baseline {'skipped' if args.no_baseline else 'included'})"
+        f"(jobs={args.jobs}, fork={args.fork}, baseline {baseline_note}; "
+        f"{map_note}; {first} killed in stage 1)"
     )
     print("\n" + text + "\n\n" + summary)
     for r in bad:
@@ -700,6 +845,7 @@ def main(argv=None) -> int:
             file=r.mutant.file,
             what=r.mutant.what,
             status=r.status,
+            stage=r.stage,
             seconds=round(r.seconds, 1),
             killer=r.killer,
             reason=r.reason,
