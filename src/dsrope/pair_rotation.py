@@ -22,7 +22,8 @@ def rotate_lane(own, cos, signed_partner_times_sin):
     specialization: on the H200 (triton 3.6) the in-place kernel fused the other product of a second
     lane on an fp16 x with channel stride 2 and stored 1 ulp away from the out-of-place kernel where the
     two forms straddle a rounding midpoint (tests/test_rope_inplace.py::test_layouts_property;
-    docs/gpu-runs.md). Written out, both kernels compute the same bits; the out-of-place kernel's PTX
+    docs/records/2026-12-04-h200-gpu-runs.md). Written out, both kernels compute the same bits; the
+    out-of-place kernel's PTX
     for sm_90 is the same as with the compiler's choice (docs/records/*-probes-removed.md). Triton
     3.9 warns that 3.10 stops fusing by default; written out, the rotation keeps its one fused product
     there too. The interpreter rounds both products and the sum to FP32 (docs/contract.md).
@@ -39,7 +40,8 @@ def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
 
     A pair partner loaded a second time from memory is a gather: one scalar load and one 64-bit
     address per lane, which cost the QNorm backward most of its issue slots and registers (SASS for
-    sm_90: 64 of its 98 loads per thread at 8 rows, docs/perf.md). A split and a join stay in registers.
+    sm_90: 64 of its 98 loads per thread at 8 rows, docs/records/2026-12-02-h200-benchmark.md). A split and
+    a join stay in registers.
     """
     first, second = tl.split(tl.reshape(t, (M, BLOCK // 2, 2)))
     return tl.reshape(tl.join(second, first), (M, BLOCK))
