@@ -1,5 +1,5 @@
-"""Sessions: tests (CPU, own venv), gpu-tests (CUDA, the environment it finds), lint, and the
-others the issues name (golden, verify, mutants, bench)."""
+"""Sessions: tests (CPU, own venv), gpu-tests (CUDA, the environment it finds), bits (the kernels' bits
+against a baseline's, the environment found), lint, and the others (golden, verify, mutants, bench)."""
 
 from __future__ import annotations
 
@@ -124,6 +124,10 @@ def gpu_tests(session: nox.Session) -> None:
         # core busy, so each compile runs single-threaded (the generated code is the same either way).
         "MLIR_DISABLE_MULTITHREADING": "1",
     }
+    # The kernel bits: compared with this card's committed snapshot (tests/test_golden.py), or, where none is
+    # committed, the one line saying how to check them against a baseline instead (those tests skip with it).
+    status = session.run("python", "-m", "dsrope_dev.bits", "--snapshot-status", env=env, silent=True)
+    session.log(status.strip().splitlines()[-1])
     # Every specialization the suite compiles, compiled once on every core before the workers start
     # (dsrope_dev.compile_cache; DSROPE_WARM=0 skips it); what the tests compile is recorded, and
     # the session says how much of it the list lacks.
@@ -135,6 +139,17 @@ def gpu_tests(session: nox.Session) -> None:
     session.run("python", *pytest_args(session, junit, gpu_workers()), env=env | {RECORD: str(recorded)})
     check_ran(session, junit)
     session.run(*cache, "missing", str(recorded), str(SPECIALIZATIONS), env=env)
+
+
+@nox.session(venv_backend="none")
+def bits(session: nox.Session) -> None:
+    """The bit-level regression check (dsrope_dev.bits), in the environment found (as gpu-tests): this tree's
+    kernels against a baseline's on this device, compiled on CUDA, interpreted on CPU.
+
+    `nox -s bits -- --baseline REF` (default: the merge base with main; `--baseline-src DIR` for an extracted
+    src/dsrope; `--cases NAME ...`); `nox -s bits -- --record` records this device's snapshot and its record.
+    Exit 0 no change, 1 changed bits, 2 a usage error, 3 no baseline (docs/regression-gate.md)."""
+    session.run("python", "-m", "dsrope_dev.bits", *session.posargs, env={"PYTHONPATH": checkout_path()})
 
 
 @nox.session
@@ -180,7 +195,8 @@ def bench(session: nox.Session) -> None:
 def golden(session: nox.Session) -> None:
     """Regenerate the reference goldens from the reference and diff them against golden/ (tools/golden.py).
     Writes only with `-- --update`; `-- --update-snapshot` records this platform's kernel bits (here:
-    the interpreter). On a CUDA host, record its snapshot with `python -m tools.golden --update-snapshot`."""
+    the interpreter). An intended change of the kernels' bits is recorded with `nox -s bits -- --record` on each
+    platform (docs/regression-gate.md), which also writes the record."""
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", "-m", "tools.golden", *session.posargs, env=env | {"PYTHONPATH": checkout_path()})

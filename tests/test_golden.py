@@ -8,8 +8,9 @@
   intervals (reference/*.py docstrings); in bf16 >= 99% of out/dx elements equal ref bit for bit
   (on the randn cases); each V3 pairing's output lies outside the other pairing's model.
 - Where golden/snapshots/ holds a snapshot for this platform (device name or "interpreter", and
-  the triton version), the kernel outputs must equal it bit for bit.
-  Record one: `python -m tools.golden --update-snapshot` (on CPU: `nox -s golden -- --update-snapshot`).
+  the triton version), the kernel outputs must equal it bit for bit. Where it holds none, the snapshot
+  tests skip with the one line that says how to check the bits against a baseline on this device instead
+  (`nox -s bits -- --baseline main`, dsrope_dev.bits); nothing here records one (`nox -s bits -- --record`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from dsrope_reference.floats import judge
 
 from dsrope.interpreter import interpreting
+from dsrope_dev.bits import no_snapshot_line
 from dsrope_gate import golden, snapshots
 
 NAMES = [c.name for c in golden.CASES]
@@ -140,7 +142,7 @@ def test_kernel_bits_match_platform_snapshot(manifest, name):
     key = snapshots.platform_key()
     snapshot = platform_snapshot()
     if snapshot is None:
-        pytest.skip(f"no kernel snapshot for {key}: record one with `python -m tools.golden --update-snapshot`")
+        pytest.skip(no_snapshot_line(key))
     meta, bits = snapshot
     _, tensors = stored(name)
     assert name in meta["inputs"], f"snapshot {meta['file']} has no case {name}: re-record it"

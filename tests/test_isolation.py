@@ -213,3 +213,47 @@ def test_in_place_writes_into_the_gaps_of_x_are_writes():
     writes = result["forward"]["writes"]
     assert writes and all(w["tensor"] == "x" and w["index"] is None for w in writes), writes
     assert result["forward"]["verdict"] == "does not conform"
+
+
+OUT_OF_BOUNDS = textwrap.dedent(
+    """
+    import torch
+    import triton
+    import triton.language as tl
+    from dsrope_gate.differential import eager_partial_rope
+
+
+    @triton.jit
+    def _store_far_away(ptr, n, FAR: tl.constexpr):
+        i = tl.arange(0, 128)
+        tl.store(ptr + i + FAR, tl.zeros([128], dtype=tl.float32), mask=i < n)  # past any allocation
+
+
+    def writes_out_of_bounds(x, cos, sin, rotary):
+        scratch = torch.zeros(128, dtype=torch.float32, device=x.device)
+        _store_far_away[(1,)](scratch, 128, FAR=1 << 40)
+        torch.cuda.synchronize()
+        return eager_partial_rope(x, cos, sin, rotary)
+
+
+    def right(x, cos, sin, rotary):
+        return eager_partial_rope(x, cos, sin, rotary)
+    """
+)
+
+
+@pytest.mark.gpu
+def test_a_cuda_fault_is_its_verdict_and_the_next_one_on_the_gpu_still_conforms(tmp_path, capsys):
+    """An illegal memory access poisons its process's CUDA context: in its own child, it is that
+    implementation's verdict ("crashed: CUDA fault ..."), and the right one judged next, in a fresh child with
+    a fresh context, conforms."""
+    (tmp_path / "oob.py").write_text(OUT_OF_BOUNDS)
+    (tmp_path / "empty").mkdir()
+    argv = ["--op", "partial_rope", "--examples", "0", "--golden", str(tmp_path / "empty"), "--device", "cuda"]
+    argv += ["--out", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"), "--dtype", "bfloat16"]
+    argv += ["--impl", f"{tmp_path / 'oob.py'}:writes_out_of_bounds", "--impl", f"{tmp_path / 'oob.py'}:right"]
+    assert main(argv) == 1
+    oob, right = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert oob["forward"]["verdict"] == "crashed" and oob["death"]["case"] == "dsv4-bfloat16", oob.get("death")
+    assert oob["death"]["reason"].startswith("CUDA fault") or oob["death"]["reason"].startswith("SIG"), oob["death"]
+    assert right["forward"]["verdict"] == right["backward"]["verdict"] == "conforms"

@@ -148,9 +148,15 @@ def negated_in_normal_rows(x, grad, cos, sin, rotary, eps):
     return torch.where(normal, -dx, dx)
 
 
-def judged(op, cases, impls) -> dict:
+def judged(op, cases, impls, accept=()) -> dict:
+    from dsrope_gate.conformance.calling import call
+
     prepared = [prepare(op, c, c.build("cpu")) for c in cases]
-    return {name: run_impl(name, fn, op, prepared, "cpu", lambda msg: None)[0] for name, fn in impls}
+    results = {}
+    for name, fn in impls:
+        caller = lambda case, inputs, fn=fn: call(op, fn, case, inputs)
+        results[name] = run_impl(name, caller, op, prepared, "cpu", lambda msg: None, accept=accept)[0]
+    return results
 
 
 META = {"date": "today", "device": "cpu", "torch": "t", "triton": "t", "cases": 4, "sweep": 0, "seed": 0}
@@ -192,6 +198,42 @@ def test_the_diagnosis_is_named_in_the_json_and_the_report_and_the_verdict_stays
     short = summary(list(results.values()), META | {"golden": "none"}, "report.md")
     assert short.rstrip().splitlines()[-1].startswith("| `negated in normal rows` | qnorm_rope | backward |")
     assert f"Diagnosis: {NAME}: " in short and short.count("Diagnosis:") == 1
+
+
+def test_an_accepted_diagnosis_lets_the_elements_it_explains_pass_and_no_other():
+    """accept=[the rstd^3 underflow]: the eager chain's backward conforms, the elements named; a backward wrong
+    in normal rows too is not explained, so nothing is accepted; a wrong sign is never accepted."""
+    results = judged(
+        QNORM_ROPE,
+        CASES,
+        [
+            ("eager", eager_qnorm_rope),
+            ("wrong sign", with_backward(lambda *a: -eager_dx(*a))),
+            ("negated in normal rows", with_backward(negated_in_normal_rows)),
+        ],
+        accept=(NAME,),
+    )
+    backward = results["eager"]["backward"]
+    assert backward["verdict"] == "conforms" and backward["conforms"] is True
+    assert backward["accepted"] == {"diagnosis": NAME, "elements": backward["outside_model"]}
+    assert backward["outside_model"] > 0  # still counted and shown: accepted, not hidden
+    from dsrope_gate.conformance.judging import verdict_text
+
+    text = verdict_text(backward, results["eager"])
+    assert text == f"conforms ({backward['outside_model']} elements accepted: {NAME})", text
+    for name in ("wrong sign", "negated in normal rows"):
+        wrong = results[name]["backward"]
+        assert wrong["verdict"] == "does not conform" and wrong["accepted"] is None, name
+
+
+def test_accept_takes_known_diagnoses_only():
+    import pytest
+
+    from dsrope_gate.diagnoses import KNOWN, check_accepted
+
+    assert check_accepted([NAME]) == (NAME,) and NAME in KNOWN
+    with pytest.raises(ValueError, match=r"unknown diagnosis \['rstd underflow'\]; known: \['fp32 underflow"):
+        check_accepted(["rstd underflow"])
 
 
 def moves_leading_channels(x, cos, sin, rotary):

@@ -17,6 +17,7 @@
 #           host without the git history BASELINE_SRC names a folder carried with the tree that holds REF's
 #           tree (e.g. git worktree add baseline REF, before the call)
 #   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode)
+#   fma     the unfused rotation's GPU tests and the bench before and after it (tools/gpu_fma.sh)
 #
 # Packages: the device's own torch and triton; the wheels in the ignored .whl/ folder (carried with the tree:
 # the test dependencies the host lacks, such as nox, hypothesis, pytest-xdist, ml_dtypes, mpmath, safetensors)
@@ -99,7 +100,10 @@ for phase in "$@"; do
       (timeout "${SWEEP_LIMIT:-400}" python3 -m tools.sweep --out "$OUT/sweep" ${SWEEP_ARGS:---decode} > "$OUT/w.log" 2>&1
        echo "sweep rc $?" >> "$OUT/w.log")
       grep -E "^copy|best M=|launcher|sweep rc" "$OUT/w.log" > "$OUT/w.tail"; rm "$OUT/w.log"; fold_logs "$OUT/w.tail" ;;
-    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep)"; false ;;
+    # the unfused rotation's GPU tests and the bench before and after it (run `bash tools/gpu_fma.sh prepare`
+    # in the checkout first and carry .device/before)
+    fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
+    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma)"; false ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
 done

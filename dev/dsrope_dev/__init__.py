@@ -5,6 +5,8 @@ packaged: a user who installs dsrope[gate] to judge an implementation gets none 
 gate, the kernels and the reference; none of them imports it (pyproject.toml, import contracts).
 
     mutation      the mutation gate: the runner (`python -m tools.mutants`) and its two catalogs as data
+    bits          the baseline check: this tree's kernel bits against a commit's on this device (`nox -s bits`),
+                  and the record of an intended change (`--record`)
     compile_cache the Triton specializations gpu-tests compiles before its workers start
     profile       a pytest plugin: where a gate's time goes
     gpu_pinning   one GPU per pytest-xdist worker

@@ -1,37 +1,36 @@
 """Triton helpers of the interleaved pair rotation, shared by the kernels: the rotation of one lane
-(rotate_lane), a pair's partner from registers (swap_pairs) and a pair's table entry given to both of
-its lanes (pair_table). Lanes (2i, 2i+1) of a tile hold one pair."""
+(rotate_lane), an exact negation (negated), a pair's partner from registers (swap_pairs) and a pair's table
+entry given to both of its lanes (pair_table). Lanes (2i, 2i+1) of a tile hold one pair."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from dsrope.interpreter import INTERPRET
-
-COMPILED = tl.constexpr(not INTERPRET)
+# Launch options of every rotating kernel: no fused multiply-add, each product and sum rounded to FP32 (the contract)
+UNFUSED = {"enable_fp_fusion": False}
 
 
 @triton.jit
 def rotate_lane(own, cos, signed_partner_times_sin):
     """own * cos + signed_partner_times_sin, one lane of the partial RoPE rotation (first of a pair:
-    a*c + (-b*s); second: b*c + a*s), in both partial RoPE kernels (out of place and in place).
+    a*c + (-b*s); second: b*c + a*s), in the partial RoPE kernels (out of place and in place) and the QNorm
+    forward.
 
-    Compiled: fma(own, cos, rn(signed partner * sin)), the fused product written out. Left to the
-    compiler, which product of `own * cos + partner * sin` is fused is a choice made per
-    specialization: on the H200 (triton 3.6) the in-place kernel fused the other product of a second
-    lane on an fp16 x with channel stride 2 and stored 1 ulp away from the out-of-place kernel where the
-    two forms straddle a rounding midpoint (tests/test_rope_inplace.py::test_layouts_property;
-    docs/records/2026-12-04-h200-gpu-runs.md). Written out, both kernels compute the same bits; the
-    out-of-place kernel's PTX
-    for sm_90 is the same as with the compiler's choice (docs/records/*-probes-removed.md). Triton
-    3.9 warns that 3.10 stops fusing by default; written out, the rotation keeps its one fused product
-    there too. The interpreter rounds both products and the sum to FP32 (docs/contract.md).
+    Both products and the sum are rounded to FP32, the contract's roundings (docs/contract.md): the
+    launchers pass UNFUSED, so the compiler contracts no product into the add (left to it, it fused one
+    product per lane, a choice it made per specialization). The interpreter computes the same roundings.
     """
-    if COMPILED:
-        return tl.fma(own, cos, signed_partner_times_sin)
-    else:
-        return own * cos + signed_partner_times_sin
+    return own * cos + signed_partner_times_sin
+
+
+@triton.jit
+def negated(x):
+    """-x for FP32 x, its sign bit flipped whatever x is (torch's negation, Triton 3.9's). Triton's unary minus
+    is 0 - x before 3.9 (the device's 3.6, 3.2's interpreter), which keeps +0 positive: a rotated lane whose two
+    products are zeros would store a zero of the other sign than the eager chain's a*c - b*s. x * -1.0 would keep
+    a NaN's sign where the interpreter's negation flips it."""
+    return (x.to(tl.uint32, bitcast=True) ^ 0x80000000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

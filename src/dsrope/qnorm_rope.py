@@ -26,7 +26,7 @@ import triton.language as tl
 
 from dsrope.checks import check_eps, check_rotary, check_table, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, negated, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -106,7 +106,7 @@ def _qnorm_rope(
     own = (own * r[:, None]).to(dtype).to(tl.float32)
     partner = swap_pairs(own, M, RBLOCK)
     # first of a pair: ya*c - yb*s; second: yb*c + ya*s
-    rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where((j & 1) == 1, partner, negated(partner)) * sn)
     tl.store(out_row + rotary_channel, rotated.to(dtype), mask=in_slice)
 
 
@@ -131,7 +131,7 @@ def _qnorm_rope_backward(
     # Boundary 2: the de-rotated gradient is rounded to x.dtype before the RMSNorm backward.
     # first of a pair: ga*c + gb*s; second: gb*c - ga*s
     dtype = out.dtype.element_ty
-    derotated = (g * cs + tl.where(second, -g_partner, g_partner) * sn).to(dtype).to(tl.float32)
+    derotated = (g * cs + tl.where(second, negated(g_partner), g_partner) * sn).to(dtype).to(tl.float32)
     g = tl.where(rot, derotated, g)
 
     mean = tl.sum(g * xhat, axis=1)[:, None] / D
@@ -214,7 +214,7 @@ def _forward(x, cos, sin, rotary, eps):
     config = forward_config(x)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config, **UNFUSED,
     )  # fmt: skip
     return out, rstd
 
@@ -228,7 +228,7 @@ def _backward(x, grad, cos, sin, rstd, rotary):
     config = tile_config(dim, 1024, warps=2)
     _qnorm_rope_backward[(triton.cdiv(rows, config["M"]),)](
         x, grad, cos, sin, rstd, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config,
+        *x.stride(), *grad.stride(), *cos.stride(), *sin.stride(), **config, **UNFUSED,
     )  # fmt: skip
     return out
 

@@ -3,8 +3,8 @@
 Rows are walked in token-major order, `row = (b*S + s)*H + h`, so the output is written as a
 contiguous [B, S, H, D] buffer while `x` is read through its own strides (no transpose copy).
 The trailing `rotary` channels are rotated pairwise, pair k = channels (D-R+2k, D-R+2k+1); the
-leading D-R channels are copied. Math is FP32 (compiled: each lane fma(own, cos, rn(+-partner * sin)),
-written out in `rotate_lane`), rounded once more at the store.
+leading D-R channels are copied. Math is FP32, each product and the sum rounded (`rotate_lane`, launched
+UNFUSED: no multiply-add contraction), rounded once more at the store.
 
 In place (`apply_partial_rope_triton_`): only the R rotary channels of each row are read and written,
 through x's own strides, with the same arithmetic (the same bits); the leading D-R channels are not
@@ -21,7 +21,7 @@ import triton.language as tl
 
 from dsrope.checks import check_rotary, check_table, check_writable, check_x, wants_autograd
 from dsrope.interpreter import INTERPRET
-from dsrope.pair_rotation import pair_table, rotate_lane, swap_pairs
+from dsrope.pair_rotation import UNFUSED, negated, pair_table, rotate_lane, swap_pairs
 from dsrope.tiles import next_pow2, tile_config, token_major_empty
 
 
@@ -66,9 +66,9 @@ def _rotate(
     cs = tl.load(cos + (b * CB + s * CS)[:, None] + k * CD, mask=rot)
     sn = tl.load(sin + (b * SB + s * SS)[:, None] + k * SD, mask=rot)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     result = tl.where(rot, rotated.to(out.dtype.element_ty), value)
     tl.store(out_row + channel, result, mask=valid)
 
@@ -117,9 +117,9 @@ def _rotate_split(
     second = (j & 1) == 1  # second channel of its pair
     partner = swap_pairs(own, M, RBLOCK)
     if INVERSE:
-        sn = -sn
+        sn = negated(sn)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(out_row + rotary_channel, rotated.to(out.dtype.element_ty), mask=rot)
 
 
@@ -155,7 +155,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     kernel, config = rotate_config(dim, rotary, rows)
     kernel[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config,
+        *x.stride(), *cos.stride(), *sin.stride(), INVERSE=inverse, **config, **UNFUSED,
     )  # fmt: skip
     return out
 
@@ -200,7 +200,7 @@ def _rotate_inplace(
     cs = pair_table(cos, s * CS + b * CB, CD, row_ok, 0, ROTARY // 2, M, BLOCK)
     sn = pair_table(sin, s * SS + b * SB, SD, row_ok, 0, ROTARY // 2, M, BLOCK)
     # first of a pair: a*c - b*s; second: b*c + a*s
-    rotated = rotate_lane(own, cs, tl.where(second, partner, -partner) * sn)
+    rotated = rotate_lane(own, cs, tl.where(second, partner, negated(partner)) * sn)
     tl.store(x_row + channel * XD, rotated.to(x.dtype.element_ty), mask=rot)
 
 
@@ -241,7 +241,7 @@ def _launch_inplace(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotar
     _rotate_inplace[inplace_grid(config, heads, tokens)](
         x, cos, sin, tokens, seq, heads, dim, rotary,
         *x.stride(),
-        *cos.stride(), *sin.stride(), **config,
+        *cos.stride(), *sin.stride(), **config, **UNFUSED,
     )  # fmt: skip
 
 

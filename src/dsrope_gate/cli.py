@@ -125,6 +125,13 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--json", type=Path, default=None, help="write the results as JSON here")
     add("--parity", action="store_true", help="the parity matrix of every pair of the implementations named")
+    add(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="DIAGNOSIS",
+        help="accept a known limit knowingly: elements a named diagnosis explains do not fail a verdict; repeatable",
+    )
     add("--timeout", type=positive_seconds, default=TIMEOUT, help=f"seconds per call (default {TIMEOUT:g})")
     add("--in-process", action="store_true", help="judge in this process, no child per implementation (debugging)")
     add("--verbose", action="store_true", help="progress on stderr per case (default: one line per implementation)")
@@ -145,6 +152,12 @@ def main(argv=None) -> int:
         ap.error("--impl needs --op")
     if not args.impl and not args.preset:
         ap.error("nothing to judge: give --impl (with --op) or --preset")
+    from dsrope_gate.diagnoses import check_accepted
+
+    try:
+        check_accepted(args.accept)
+    except ValueError as e:
+        ap.error(str(e))
     try:
         return judge(args)
     except UsageError as e:
@@ -260,7 +273,7 @@ def judge_jobs(jobs, device, args, progress, against=None):
         try:
             found, outputs, cases, meta = judge_all(
                 op, everyone, device, args.examples, args.seed, args.golden, progress, each_case,
-                isolate=not args.in_process, timeout=args.timeout, dtypes=args.dtype,
+                isolate=not args.in_process, timeout=args.timeout, dtypes=args.dtype, accept=tuple(args.accept),
             )  # fmt: skip
         except LoadError as e:
             raise UsageError(f"cannot load an implementation of {op}: {e}") from e

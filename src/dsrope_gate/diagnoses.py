@@ -1,10 +1,14 @@
 """Named causes of elements outside the model: known limits of common ways to compute an op, each checked
 element by element on a judged case, so that a report can say why an implementation does not conform and
-not only that it does not. A diagnosis explains; it never changes a verdict (the contract is the contract).
+not only that it does not. A diagnosis explains; it changes a verdict only where the user accepts it by name.
 
 A Diagnosis's `explains(case, inputs, got64, model, outside)` is true when every element outside the model
 (`outside`, a bool mask over the output) is one that the named cause produces. The op's record
 (dsrope_gate.ops) lists its diagnoses per direction; dsrope_gate.conformance.violations applies them.
+
+A user may accept a known limit knowingly (`--accept NAME`, `accept=[NAME]`): where the named diagnosis
+explains every element outside the model of a direction, those elements do not fail its verdict, which reads
+"conforms (N elements accepted: NAME)"; a diagnosis that does not explain every one of them accepts none.
 """
 
 from __future__ import annotations
@@ -64,3 +68,14 @@ RSTD_CUBED_UNDERFLOW = Diagnosis(
     "forms xhat = x * rstd first",
     explains=rstd_cubed_underflows,
 )
+
+# every named diagnosis, by the name a report gives it and `--accept` / accept= takes
+KNOWN = {d.name: d for d in (RSTD_CUBED_UNDERFLOW,)}
+
+
+def check_accepted(names) -> tuple[str, ...]:
+    """The names of diagnoses a user accepts knowingly; a ValueError naming the known ones for any other."""
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown:
+        raise ValueError(f"accept: unknown diagnosis {unknown}; known: {sorted(KNOWN)}")
+    return tuple(names)

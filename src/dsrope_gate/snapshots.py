@@ -57,16 +57,23 @@ def run_kernels(record: dict, tensors: dict[str, torch.Tensor], device=None) -> 
     return dsrope_outputs(case, inputs)
 
 
-def record_snapshot(root: Path = golden.GOLDEN) -> str:
-    """Run the kernels on every stored case and write the snapshot for this platform's key."""
+def kernel_snapshot(root: Path = golden.GOLDEN) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """dsrope's outputs on every stored case (`case/op.stage` -> tensor) and the hash of each case's inputs:
+    what a snapshot stores."""
     manifest = golden.verify_all(root)
-    key = platform_key()
     outputs, inputs = {}, {}
     for c in manifest["cases"]:
         record, tensors = golden.load_case(root, manifest, c["name"])
         inputs[record["name"]] = golden.input_hashes(tensors)
         for name, t in run_kernels(record, tensors).items():
             outputs[f"{record['name']}/{name}"] = t
+    return outputs, inputs
+
+
+def record_snapshot(root: Path = golden.GOLDEN) -> str:
+    """Run the kernels on every stored case and write the snapshot for this platform's key."""
+    key = platform_key()
+    outputs, inputs = kernel_snapshot(root)
     report = snapshot_report(root, key, outputs)
     data_path = golden.write_snapshot(root, key, outputs, inputs)
     _, sidecar = golden.snapshot_paths(root, key)

@@ -62,7 +62,7 @@ def _check_labels(op: Op, wanted: list[str]) -> None:
         raise ValueError(f"semantics: unknown label(s) {unknown} for {op.name}; known: {sorted(known_labels(op))}")
 
 
-def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_place=False, isolate=False):
+def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_place=False, isolate=False, accept=()):
     from dsrope_gate.conformance import judge_target
     from dsrope_gate.conformance.isolation import TIMEOUT, Target
 
@@ -71,7 +71,7 @@ def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_plac
     cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
     name = getattr(fn, "__qualname__", repr(fn))
     target = Target(name, fn=fn if backward else _forward_only(fn), in_place=in_place)
-    result, outputs = judge_target(target, op, cases, device, isolate, TIMEOUT, lambda msg: None)
+    result, outputs = judge_target(target, op, cases, device, isolate, TIMEOUT, lambda msg: None, accept=accept)
     return result, outputs, {p.case.name: p for p in cases}
 
 
@@ -147,6 +147,7 @@ def assert_conforms(
     seed: int = 0,
     in_place: bool = False,
     isolate: bool = False,
+    accept: str | list[str] = (),
 ) -> dict:
     """Raise AssertionError unless `fn`, an implementation of `op` ("qnorm_rope": fn(x, cos, sin, rotary, eps),
     or "partial_rope": fn(x, cos, sin, rotary)), conforms to the contract in every direction judged: every
@@ -161,14 +162,19 @@ def assert_conforms(
     ValueError) the bits must carry too: a forward label is read off the forward, a backward-only label
     ("no-boundary-2") off the backward. `in_place`: fn rotates x itself; what it writes into x is judged.
     `isolate`: judge fn in a child process of its own (a crash or a hang fails the assertion instead of the
-    test run; fn must then be importable by name, a module-level function). Returns the conformance command's
+    test run; fn must then be importable by name, a module-level function). `accept`: the name(s) of known
+    diagnoses (dsrope_gate.diagnoses.KNOWN) accepted knowingly: where one explains every element outside the
+    model of a direction, they do not fail it (any other element still does). Returns the conformance command's
     result for fn (the JSON's record) when it passes."""
     __tracebackhide__ = True  # pytest shows the message, not the gate's frames
     op = op_named(op)
     device = _device(device)
     wanted = [semantics] if isinstance(semantics, str) else list(semantics or ())
     _check_labels(op, wanted)
-    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed, in_place, isolate)
+    from dsrope_gate.diagnoses import check_accepted
+
+    accepted = check_accepted([accept] if isinstance(accept, str) else list(accept))
+    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed, in_place, isolate, accepted)
     name = result["impl"]
     failures = []
     for direction in DIRECTIONS:

@@ -28,8 +28,8 @@ MUTANTS = [
         "verdict",
         "a case that returned a wrong shape or dtype does not count against the verdict",
         (
-            '    if record["outside_model"] or wrong or record["writes"]:\n',
-            '    if record["outside_model"] or record["writes"]:\n',
+            '    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:\n',
+            '    if (record["outside_model"] and not record.get("accepted")) or record["writes"]:\n',
         ),
     ),
     mutant(
@@ -477,6 +477,26 @@ MUTANTS = [
         (
             "    grad_layout = draw(layouts(shape, broadcastable=(0, 1, 2, 3)) | token_major_views())",
             "    grad_layout = draw(layouts(shape) | token_major_views())",
+        ),
+    ),
+    mutant(
+        "conformance.accepted_ignored",
+        JUDGING,
+        "verdict",
+        "elements an accepted diagnosis explains still fail the verdict",
+        (
+            '    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:\n',
+            '    if record["outside_model"] or wrong or record["writes"]:\n',
+        ),
+    ),
+    mutant(
+        "conformance.accept_without_a_diagnosis",
+        JUDGING,
+        "run_impl",
+        "a direction is accepted when the user accepts anything, whether or not a diagnosis explains it",
+        (
+            '["outside_model"]} if named in accept else None',
+            '["outside_model"]} if accept else None',
         ),
     ),
 ]

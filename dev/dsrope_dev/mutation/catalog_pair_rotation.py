@@ -1,6 +1,6 @@
 """Mutants of src/dsrope/pair_rotation.py: swap_pairs and pair_table (the QNorm backward and the in-place
-rotation). Each is a realistic fault the suite must kill. rotate_lane has none: the interpreter never takes
-its compiled branch, and its interpreted branch is the rotation the kernels' own mutants edit."""
+rotation), and rotate_lane's fused form. Each is a realistic fault the suite must kill. The rotation's
+operands are the kernels' own mutants' business (catalog_rope, catalog_qnorm_rope)."""
 
 from __future__ import annotations
 
@@ -55,5 +55,13 @@ MUTANTS = [
         "reads the other operand's value, and the in-place rotation stores nothing (its store mask is rot); "
         "each lane's table entry enters only that lane's result, and the load itself touches no memory on "
         "a masked lane.",
+    ),
+    mutant(
+        "pair_rotation.rotate_lane_fma",
+        PAIR_ROTATION,
+        "rotate_lane",
+        "rotate_lane written as tl.fma(own, cos, partner product): one product of each lane fused on the GPU "
+        "whatever the launch options say (the interpreter computes it unfused: only the compiled PTX shows it)",
+        ("return own * cos + signed_partner_times_sin", "return tl.fma(own, cos, signed_partner_times_sin)"),
     ),
 ]

@@ -24,7 +24,7 @@ SUM_SQUARES = "tl.sum(tl.reshape(v * v, (M, BLOCK)), axis=1)"
 RSQRT = f"r = tl.rsqrt({SUM_SQUARES} / D + EPS)"
 # the forward's rotary tile: boundary 1 on the lane, its partner from registers, the rotation
 Q_OWN_ROUNDED = "own = (own * r[:, None]).to(dtype).to(tl.float32)"
-Q_SIGNED_PARTNER = "tl.where((j & 1) == 1, partner, -partner)"
+Q_SIGNED_PARTNER = "tl.where((j & 1) == 1, partner, negated(partner))"
 Q_ROTATION = f"rotated = rotate_lane(own, cs, {Q_SIGNED_PARTNER} * sn)"
 Q_COS = "cs = pair_table(cos, b * CB + s * CS, CD, row_ok, 0, R // 2, M, RBLOCK)"
 Q_SIN = "sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)"
@@ -38,7 +38,7 @@ MUTANTS = [
         (TILE, "second = (lane & 1) == 1", "second = c - (D - R) >= R // 2"),
         # the half-split partner is no lane neighbour: in both kernels partner and table entry by per-lane
         # loads (the forward's partner normalized and rounded as its own lane)
-        (Q_SIGNED_PARTNER, "tl.where(j >= R // 2, partner, -partner)"),
+        (Q_SIGNED_PARTNER, "tl.where(j >= R // 2, partner, negated(partner))"),
         (
             "partner = swap_pairs(own, M, RBLOCK)",
             "partner = (tl.load(x_row + ((j + R // 2) % R + (D - R)) * XD, mask=in_slice).to(tl.float32) * r[:, None])"
@@ -78,14 +78,14 @@ MUTANTS = [
         QNORM,
         FORWARD,
         "forward rotates with the sine negated",
-        (Q_SIGNED_PARTNER, "tl.where((j & 1) == 1, -partner, partner)"),
+        (Q_SIGNED_PARTNER, "tl.where((j & 1) == 1, negated(partner), partner)"),
     ),
     mutant(
         "qnorm.backward_sine_sign",
         QNORM,
         BACKWARD,
         "backward de-rotates with the forward rotation",
-        ("tl.where(second, -g_partner, g_partner)", "tl.where(second, g_partner, -g_partner)"),
+        ("tl.where(second, negated(g_partner), g_partner)", "tl.where(second, g_partner, negated(g_partner))"),
     ),
     mutant(
         "qnorm.leading_channels",
@@ -131,7 +131,7 @@ MUTANTS = [
         "every rotary sign flipped for odd D - R (c = lane - 1)",
         ("second = (lane & 1) == 1", "second = (c & 1) == 1"),
         # the forward's rotary tile: lane j holds channel j + D - R
-        (FORWARD, Q_SIGNED_PARTNER, "tl.where((rotary_channel & 1) == 1, partner, -partner)"),
+        (FORWARD, Q_SIGNED_PARTNER, "tl.where((rotary_channel & 1) == 1, partner, negated(partner))"),
     ),
     mutant(
         "qnorm.first_pair_without_shift",
@@ -234,10 +234,10 @@ MUTANTS = [
         BACKWARD,
         "boundary 2 moved: the mean uses the FP32 de-rotated gradient, the subtraction the rounded one",
         (
-            "    derotated = (g * cs + tl.where(second, -g_partner, g_partner) * sn).to(dtype).to(tl.float32)\n"
+            "    derotated = (g * cs + tl.where(second, negated(g_partner), g_partner) * sn).to(dtype).to(tl.float32)\n"
             "    g = tl.where(rot, derotated, g)\n\n"
             "    mean = tl.sum(g * xhat, axis=1)[:, None] / D\n",
-            "    derotated = g * cs + tl.where(second, -g_partner, g_partner) * sn\n"
+            "    derotated = g * cs + tl.where(second, negated(g_partner), g_partner) * sn\n"
             "    mean = tl.sum(tl.where(rot, derotated, g) * xhat, axis=1)[:, None] / D\n"
             "    g = tl.where(rot, derotated.to(dtype).to(tl.float32), g)\n",
         ),
@@ -538,5 +538,21 @@ MUTANTS = [
         ("row = tl.program_id(0).to(tl.int64) * M", "row = tl.program_id(0) * M"),
         (BACKWARD, "row = tl.program_id(0).to(tl.int64) * M", "row = tl.program_id(0) * M"),
         gpu_only=True,
+    ),
+    # the rotation's roundings on the GPU: every launch passes UNFUSED (no multiply-add contraction)
+    mutant(
+        "qnorm.forward_fused_rotation",
+        QNORM,
+        "_forward",
+        "the forward's launch without enable_fp_fusion=False: the compiler fuses the rotation's products (and the "
+        "row sum's squares) into the adds",
+        ("RBLOCK=next_pow2(rotary), **config, **UNFUSED,", "RBLOCK=next_pow2(rotary), **config,"),
+    ),
+    mutant(
+        "qnorm.backward_fused_rotation",
+        QNORM,
+        "_backward",
+        "the backward's launch without enable_fp_fusion=False: the de-rotation's products fused into the adds",
+        ("*sin.stride(), **config, **UNFUSED,", "*sin.stride(), **config,"),
     ),
 ]

@@ -86,14 +86,14 @@ MUTANTS = [
         ROPE,
         "_rotate",
         "the partner's sign on the wrong lane: a*c + b*s, b*c - a*s",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.one_sign_slip",
         ROPE,
         "_rotate",
         "first output of a pair a*c + b*s (sign slip in one formula)",
-        ("tl.where(second, partner, -partner)", "tl.where(second, partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, partner, partner)"),
     ),
     mutant(
         "rope.partner_next_channel",
@@ -316,14 +316,14 @@ MUTANTS = [
         ROPE,
         "_rotate_split",
         "split: the partner's sign on the wrong lane: a*c + b*s, b*c - a*s",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.split_inverse_ignored",
         ROPE,
         "_rotate_split",
         "split: INVERSE ignored: the backward of a decode-sized launch applies the forward rotation",
-        ("    if INVERSE:\n        sn = -sn\n", ""),
+        ("    if INVERSE:\n        sn = negated(sn)\n", ""),
     ),
     mutant(
         "rope.split_partner_next_channel",
@@ -524,7 +524,7 @@ MUTANTS = [
         ROPE,
         "_rotate_inplace",
         "in place: the partner's sign on the other lane (rotation by the conjugate angle)",
-        ("tl.where(second, partner, -partner)", "tl.where(second, -partner, partner)"),
+        ("tl.where(second, partner, negated(partner))", "tl.where(second, negated(partner), partner)"),
     ),
     mutant(
         "rope.inplace_table_batch_stride_ignored",
@@ -585,5 +585,22 @@ MUTANTS = [
         "_rotate_inplace",
         "in place: head blocks counted rounding down: with H not a multiple of GROUP the last heads are not rotated",
         ("head_blocks: tl.constexpr = (HEADS + GROUP - 1) // GROUP", "head_blocks: tl.constexpr = HEADS // GROUP"),
+    ),
+    # the rotation's roundings on the GPU: every launch passes UNFUSED (no multiply-add contraction)
+    mutant(
+        "rope.fused_rotation",
+        ROPE,
+        "_launch",
+        "the out-of-place launch (both forms, forward and backward) without enable_fp_fusion=False: the compiler "
+        "fuses a product of each lane into its add (the GPU's bits move off the eager chain's; the interpreter's "
+        "do not)",
+        ("INVERSE=inverse, **config, **UNFUSED,", "INVERSE=inverse, **config,"),
+    ),
+    mutant(
+        "rope.inplace_fused_rotation",
+        ROPE,
+        "_launch_inplace",
+        "the in-place launch without enable_fp_fusion=False: its rotation's products fused into the adds",
+        ("*cos.stride(), *sin.stride(), **config, **UNFUSED,", "*cos.stride(), *sin.stride(), **config,"),
     ),
 ]

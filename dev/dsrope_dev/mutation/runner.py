@@ -97,10 +97,10 @@ JUDGE_CATALOG = catalog_reference.MUTANTS + catalog_semantics.MUTANTS + catalog_
 
 # Test files that exercise each source file: run first, so a mutant dies early.
 HOME = {
-    ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py"),
-    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py"),
+    ROPE: ("test_rope.py", "test_rope_inplace.py", "test_custom_ops.py", "test_rotation_ptx.py"),
+    QNORM: ("test_qnorm_rope.py", "test_custom_ops.py", "test_rotation_ptx.py"),
     UTILS: ("test_rope_utils.py", "test_yarn_edge_cases.py", "test_vs_transformers_tables.py"),
-    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py"),  # swap_pairs, pair_table: their callers
+    PAIR_ROTATION: ("test_qnorm_rope.py", "test_rope_inplace.py", "test_rotation_ptx.py"),  # their callers; rotate_lane
     TILES: ("test_rope.py", "test_qnorm_rope.py"),
     CHECKS: ("test_custom_ops.py",),  # wants_autograd: forward-mode AD
     REF_FLOATS: ("test_error_model.py", "test_golden.py"),
@@ -262,9 +262,9 @@ def copy_tree(root: Path, dest: Path, files: list[str]) -> None:
         shutil.copy2(root / f, target)
 
 
-# Test modules that judge no kernel: the packaging test builds a venv from a git checkout (74 s; a scratch
-# copy has no .git), so a mutant's run leaves it out.
-NOT_KERNEL_TESTS = ("test_install.py",)
+# Test modules that judge no kernel: the packaging test builds a venv from a git checkout (74 s) and the
+# baseline check's test clones the checkout (a scratch copy has no .git), so a mutant's run leaves them out.
+NOT_KERNEL_TESTS = ("test_install.py", "test_bits.py")
 
 
 def test_files(scratch: Path, first: tuple[str, ...]) -> list[str]:

@@ -3,26 +3,33 @@ element by element, and the semantics it computes, from evidence.
 
     python -m dsrope_gate.conformance --op qnorm_rope --impl mypkg.rope:qnorm_rope [--impl file.py:fn]
         [--preset NAME ...] [--device cpu|cuda] [--against TARGET] [--json PATH] [--out DIR]
-    nox -s conformance -- <the same arguments>
+    nox -s conformance -- <the same arguments>          (the command line: dsrope_gate.cli)
 
 An implementation is a callable with the signature of the dsrope function it stands for (contract:
 docs/contract.md): `qnorm_rope(x, cos, sin, rotary, eps)` or `partial_rope(x, cos, sin, rotary)`, x
 [B, H, S, D] of any strides, cos/sin FP32 [B, S, R]. TARGET is `module.path:callable` (importable with
 the current sys.path, PYTHONPATH included) or `path/to/file.py:callable`.
 
-What it runs: the canonical DeepSeek-V4 (D=512, R=64) and V3 (D=192, R=64: the rope slice trailing the
-128 nope channels) cases in bf16, fp16 and fp32; the golden inputs (the golden store: dsrope_gate.golden.golden_root(),
-or --golden DIR); layout probes (one small case per layout class, below); and a seeded
-hypothesis sweep over shapes, layouts and values (dsrope_gate.strategies). Each case runs twice: once
-on an input that does not require grad (the forward; the bits of every input's storage, gaps included,
-are compared before and after: writes into an input are reported), and once on an input that requires
-grad: when the output carries a grad_fn its input gradient is judged too; without one the backward is
-reported as absent (forward only).
+The default case set, every entry point's (the command, assert_conforms, the pytest marker, the parity
+matrix): the canonical DeepSeek-V4 (D=512, R=64) and V3 (D=192, R=64: the rope slice trailing the 128 nope
+channels) cases in bf16, fp16 and fp32; the golden inputs (dsrope_gate.golden.golden_root(), or a store
+given); one probe per layout class; and EXAMPLES cases drawn by hypothesis from a seed. The reference's
+models are computed once per case, here, whatever the number of implementations.
 
-Verdict: an implementation conforms (per direction) when no element of any case it accepted lies outside
-the error model of the reference (dsrope_reference) and no accepted case returned a wrong shape or dtype.
-Cases it refuses (ValueError, TypeError, NotImplementedError, AssertionError: an error that says no) or
-crashes on (any other exception) are listed, not counted as elements.
+Each case runs twice, each time on fresh copies of every input in the case's layouts (gaps included): the
+forward (nothing requires grad), then, when its output carries a grad_fn, the backward on an x that requires
+grad with a fresh incoming gradient. Every input's storage is compared byte for byte before and after each
+call: a write into any of them fails the verdict of the direction it happened in. An implementation declared
+in place has what it writes into x judged as its output (`Target.in_place`).
+
+Isolated (the command's default; `isolate=True` elsewhere), each implementation runs in a spawned child of
+its own (isolation): its exit, signal, CUDA fault or a call past the time limit is its verdict, "crashed" or
+"timed out", with the cases it finished kept and judged.
+
+Verdict, per direction: conforms (every case run, every element inside the error model of the reference,
+dsrope_reference, no write into an input), does not conform (an element outside the model that no accepted
+diagnosis explains, a write, a wrong shape or dtype returned), partial (every element judged inside the
+model, but some cases refused or raised), not run (nothing judged), crashed, timed out.
 
 Semantics: for each known semantics an eager emulation (dsrope_gate.semantics) runs on the same inputs;
 per case the share of elements whose bits equal each emulation's is reported, on the cases with normal
@@ -34,12 +41,10 @@ every dtype for partial_rope; bf16 and fp16 for qnorm_rope, whose fp32 cases jud
 rounding boundaries are no-ops there, and a kernel's own rstd, its reduction order and an approximate
 rsqrt, moves last bits of every element of a row).
 
-The package, one job a module: `targets` (dsrope_gate.targets: what --impl names), the cases
-(dsrope_gate.case_sets: canonical, golden, probes, sweep; one Case type, dsrope_gate.cases), `calling`
-(one implementation on one case), `judging` (the reference's verdict, the semantics, bit comparisons),
+The package, one job a module: `calling` (one implementation on one case: fresh inputs, writes), `isolation`
+(a child process per implementation), `judging` (the reference's verdict, the semantics, bit comparisons),
 `violations` (where the elements outside the model are, and the diagnosis that explains them), `render`
-(markdown, and the short summary the command prints, the verdict table last) and `cli` (the command line;
-progress on stderr, one line per implementation, per case with --verbose). What is judged for each op,
+(markdown, and the short summary the command prints, the verdict table last). What is judged for each op,
 and how an implementation of it is called, is its record in dsrope_gate.ops.
 
 --device cpu runs Triton code in the interpreter with dsrope's round-to-nearest-even fp32 -> bf16
@@ -111,9 +116,10 @@ def in_process_caller(target: Target, op: Op, device: str):
     return lambda case, inputs: call(op, fn, case, inputs, target.in_place, device)
 
 
-def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: float, progress, each_case=None):
+def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: float, progress, each_case=None,
+                 accept=()):  # fmt: skip
     """(result, outputs) of one target on the prepared cases: in a child process of its own when `isolate`.
-    A target that cannot be loaded raises isolation.LoadError (a usage error)."""
+    A target that cannot be loaded raises isolation.LoadError (a usage error). `accept`: diagnoses accepted."""
     from dsrope_gate.conformance.isolation import Child, LoadError
     from dsrope_gate.conformance.judging import run_impl
 
@@ -130,11 +136,11 @@ def judge_target(target: Target, op: Op, cases, device, isolate: bool, timeout: 
             from dsrope_gate.conformance.calling import error_line
 
             raise LoadError(error_line(e)) from e
-        result, outputs = run_impl(target.name, caller, op, cases, device, progress, each_case)
+        result, outputs = run_impl(target.name, caller, op, cases, device, progress, each_case, accept)
         return result | {"device_name": device_name(device)}, outputs
     child = Child(target, op.name, device, timeout)
     try:
-        result, outputs = run_impl(target.name, child.call, op, cases, device, progress, each_case)
+        result, outputs = run_impl(target.name, child.call, op, cases, device, progress, each_case, accept)
     finally:
         child.stop()
     return result | {"device_name": child.device_name}, outputs
@@ -175,12 +181,13 @@ def run_meta(results, cases, examples, seed, note, isolate) -> dict:
 
 
 def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, each_case=None,
-              isolate=False, timeout=TIMEOUT, dtypes=None):  # fmt: skip
+              isolate=False, timeout=TIMEOUT, dtypes=None, accept=()):  # fmt: skip
     """Judge each implementation (a Target, or a (name, callable) pair) on `op` (an Op or its name), every one
     on the same cases (the default set). Returns (results as in the JSON, each implementation's outputs per
     case in the same order, the prepared cases, meta). `isolate`: each implementation in a spawned child of its
     own with `timeout` seconds per call (the reference stays here). `progress` gets a line per stage and per
-    implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these."""
+    implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these.
+    `accept`: the names of diagnoses accepted knowingly (dsrope_gate.diagnoses)."""
     op = op_named(op)
     # judged in children, the inputs stay on the CPU here: this process never touches CUDA
     cases, note = collect_cases(
@@ -188,7 +195,7 @@ def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=No
     )
     results, outputs = [], []
     for impl in impls:
-        result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case)
+        result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case, accept)
         results.append(result)
         outputs.append(out)
     return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate)

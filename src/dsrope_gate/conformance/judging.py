@@ -135,11 +135,12 @@ def bits_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
 # --- one implementation, every case ---------------------------------------------------------------------
 
 
-def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, progress, each_case=None):
+def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, progress, each_case=None, accept=()):
     """(result as in the JSON, the outputs per case for --against) of one implementation: `caller(case,
     inputs)` gives a calling.Call per case (in this process, or a child's: dsrope_gate.conformance.isolation,
     whose death ends the run with the cases judged so far). `progress` gets one line when the implementation
-    is judged, `each_case` (when given) one per case."""
+    is judged, `each_case` (when given) one per case. `accept`: the names of diagnoses the user accepts: where
+    one explains every element outside the model of a direction, they do not fail its verdict."""
     from dsrope_gate.conformance.isolation import ChildDied
 
     directions = {"forward": _direction(), "backward": _direction()}
@@ -191,6 +192,8 @@ def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, prog
         res["death"] = {"verdict": death.verdict, "reason": death.reason, "case": death.case, "call": death.direction}
     for direction, record in directions.items():
         record |= violations.summarize(op, direction, record)
+        named = record["diagnosis"]["name"] if record["diagnosis"] else None
+        record["accepted"] = {"diagnosis": named, "elements": record["outside_model"]} if named in accept else None
         record["verdict"] = verdict(record, death)
         # None where nothing was judged: no claim either way
         record["conforms"] = {"conforms": True, "partial": True}.get(record["verdict"], None)
@@ -217,14 +220,15 @@ VERDICTS = ("conforms", "does not conform", "partial", "not run", "crashed", "ti
 
 def verdict(record: dict, death=None) -> str:
     """What happened in one direction: "crashed" or "timed out" (the implementation's process died, or a call
-    outlived its time limit: `death`), "does not conform" (an element outside the model, a write into an input,
-    or an accepted case returned a wrong shape or dtype), "not run" (no element judged: every case raised or
-    was refused), "partial" (every element judged inside the model, but some cases were not run:
-    record["not_run"] says which and why), "conforms" (every case run, every element inside the model)."""
+    outlived its time limit: `death`), "does not conform" (an element outside the model that no accepted
+    diagnosis explains, a write into an input, or an accepted case returned a wrong shape or dtype), "not run"
+    (no element judged: every case raised or was refused), "partial" (every element judged inside the model,
+    but some cases were not run: record["not_run"] says which and why), "conforms" (every case run, every
+    element inside the model)."""
     if death is not None:
         return death.verdict
     wrong = any(n["status"] == "wrong output" for n in record["not_run"])
-    if record["outside_model"] or wrong or record["writes"]:
+    if (record["outside_model"] and not record.get("accepted")) or wrong or record["writes"]:
         return "does not conform"
     if not record["elements"]:
         return "not run"
@@ -240,6 +244,9 @@ def verdict_text(record: dict, result: dict) -> str:
         return f"{v}: {death['reason']}" + (f" in {death['case']}{call}" if death["case"] else " loading")
     if v == "does not conform" and record.get("writes") and not record["outside_model"]:
         return f"{v}: writes into {', '.join(dict.fromkeys(w['tensor'] for w in record['writes']))}"
+    accepted = record.get("accepted")
+    if accepted and v in ("conforms", "partial"):
+        return f"{v} ({accepted['elements']} elements accepted: {accepted['diagnosis']})"
     return v
 
 
@@ -253,7 +260,15 @@ def refusals(not_run: list[dict]) -> dict[str, list[str]]:
 
 
 def _direction() -> dict:
-    return {"elements": 0, "outside_model": 0, "first_violation": None, "cases": [], "not_run": [], "writes": []}
+    return {
+        "elements": 0,
+        "outside_model": 0,
+        "first_violation": None,
+        "cases": [],
+        "not_run": [],
+        "writes": [],
+        "accepted": None,
+    }
 
 
 def classify(cases: list[dict]) -> list[str]:
