@@ -130,9 +130,11 @@ def test_usage_errors_exit_2(argv, capsys):
     assert rc == 2, capsys.readouterr().err
 
 
-def test_unknown_preset_exits_2(capsys):
+def test_unknown_preset_or_release_exits_2(capsys):
     assert main(["--preset", "no-such-peer"]) == 2
     assert "unknown ['no-such-peer']" in capsys.readouterr().err
+    assert main(["--preset", "transformers@5.20.0"]) == 2
+    assert "transformers's pinned releases are ['5.17.0', '5.23.0']" in capsys.readouterr().err
 
 
 def test_the_judges_own_failure_exits_3_never_1(impls, monkeypatch, capsys):
@@ -217,3 +219,13 @@ def test_the_sweep_leaves_no_hypothesis_folder_in_the_working_directory(impls, t
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert not (work / ".hypothesis").exists(), sorted(p.name for p in work.iterdir())
+
+
+def test_the_contract_judged_is_named_in_the_json_and_the_report(impls, tmp_path, capsys):
+    """The contract's rotation with FP32 tables does not conform to bf16-tables (the tables rounded first); the
+    JSON's meta and results and the printed header name the contract judged."""
+    assert judge(impls, "good", json_path=tmp_path / "r.json", options=["--contract", "bf16-tables"]) == 1
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["meta"][0]["contract"] == "bf16-tables" and written["results"][0]["contract"] == "bf16-tables"
+    assert written["results"][0]["forward"]["verdict"] == "does not conform"
+    assert "Conformance: contract bf16-tables;" in capsys.readouterr().out

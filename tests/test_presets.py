@@ -3,13 +3,15 @@ verdict and semantics as measured when the presets were written (docs/presets.md
 release, or a change of our classifier, that changes what they compute fails here with what changed.
 
 Presets that run on CPU: transformers (eager), sglang and sglang-batched (their Triton kernels in the
-interpreter), nemo-automodel (its public function's eager path on CPU; its DeepSeek-V4 q path) and
-megatron-core (its Triton kernels in the interpreter, triton >= 3.4). veomni and flash-attn need CUDA for
-their kernels (their device helpers have no CPU form): the H200 judges them. The controls (dsrope, the
-eager chain) are held to the contract by tests/test_conformance.py. The `tests` session installs the pinned
-releases (noxfile.py) and megatron-core's module is fetched at first use (DSROPE_PEERS_CACHE); without
-one, its expectations are skipped with the command that installs it. One test per implementation, so that
-xdist spreads them (each judges one on every case of `examples=2`: 10-70 s in the interpreter).
+interpreter), nemo-automodel (its public function's eager path on CPU; its DeepSeek-V4 q path),
+megatron-core (its Triton kernels in the interpreter, triton >= 3.4) and vllm (its DeepSeek-V4 Triton
+kernels in the interpreter). veomni and flash-attn need CUDA for their kernels (their device helpers have
+no CPU form): the H200 judges them. The controls (dsrope, the eager chain) are held to the contract by
+tests/test_conformance.py. The `tests` session installs the pinned releases (noxfile.py); megatron-core's
+and vllm's modules are fetched at first use and transformers 5.23.0 is installed into its own folder at
+first use (DSROPE_PEERS_CACHE); without one, its expectations are skipped with the command that installs
+it. One test per implementation, so that xdist spreads them (each judges one on every case of
+`examples=2`: 10-70 s in the interpreter).
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ EXPECTED = {
     # negates raw bf16 bits (docs/presets.md)
     "megatron-core": {
         "megatron-core:fused_apply_mla_rope_for_q": (("partial", ["interleaved"]), ("does not conform", [])),
+    },
+    # partial: their kernels are built for D = 512 (the q-norm's also for R = 64, module constants) and refuse
+    # the V3, probe and drawn cases; the q-norm rotates the FP32 normalized row (fp32-through)
+    "vllm": {
+        "vllm:xpu_qnorm_rope_kv_fp8_insert": (("does not conform", ["fp32-through", "interleaved"]), None),
+        "vllm:fused_inv_rope_fp8_quant(quantize=False,-sin)": (("partial", ["interleaved"]), None),
     },
 }
 
@@ -90,7 +98,7 @@ def test_backward_is_declared_where_the_output_carries_a_grad_fn(preset):
     from dsrope_gate.inputs import tables, values
 
     loaded = loaded_preset(preset)
-    x = values((1, 2, 3, 96), torch.bfloat16, 0).requires_grad_()
+    x = values((1, 2, 3, 512), torch.bfloat16, 0).requires_grad_()
     cos, sin = tables(1, 3, 64, 0, per_batch=True, device="cpu")
     ran = 0
     for impl in loaded:
@@ -180,3 +188,201 @@ def test_megatron_mla_rope_for_q_is_the_contracts_rotation_in_fp32_both_ways():
     (dx,) = torch.autograd.grad(out, xg, grad)
     expected, expected_dx = forward_backward(eager_partial_rope, x, grad, cos, sin, 64)
     assert torch.equal(out.detach(), expected) and torch.equal(dx, expected_dx)
+
+
+def test_vllm_qnorm_rope_q_bits_are_the_q_parts_alone():
+    """vLLM's q-norm + rope launch also runs one program per token that rotates kv into a buffer of its own:
+    q's bits are the same whatever kv holds, and are the fp32-through emulation's (the FP32 normalized row
+    rotated unrounded, one rounding at the store), bit for bit in bf16."""
+    import torch
+
+    from dsrope_gate import semantics
+    from dsrope_gate.inputs import tables, values
+
+    impl = loaded_one("vllm")
+    module = presets._vllm_modules()["vllm.models.deepseek_v4.xpu.xpu_qnorm_rope_kv_fp8_insert"]
+    x = values((2, 3, 5, 512), torch.bfloat16, 0)
+    cos, sin = tables(2, 5, 64, 0, per_batch=True, device="cpu")
+    out = impl.fn(x, cos, sin, 64, 1e-6)
+    expected = semantics.qnorm_forward("fp32-through", "interleaved")(x, cos, sin, 64, 1e-6)
+    assert torch.equal(out.view(torch.int16), expected.view(torch.int16))
+
+    q = x.transpose(1, 2).contiguous().view(10, 3, 512)
+    tokens = torch.arange(10)
+    cache = torch.cat((cos[..., :32], sin[..., :32]), -1).reshape(10, 64).contiguous()
+    with presets._VllmImports(presets._vllm_modules()):
+        module.xpu_qnorm_rope_kv_fp8_insert(
+            q, values((10, 512), torch.bfloat16, 5), torch.empty(1, 0, dtype=torch.uint8), tokens, tokens, cache,
+            1e-6, 1,
+        )  # fmt: skip
+    assert torch.equal(q.view(2, 5, 3, 512).transpose(1, 2).view(torch.int16), out.view(torch.int16))
+
+
+def test_table_builders_of_vllm_and_transformers_agree_bit_for_bit_on_cpu():
+    """vLLM's cos_sin_cache and transformers' DeepseekV4RotaryEmbedding (x fp32), each given DeepSeek-V4's
+    config through its adapter, hold the same bits on CPU for a main layer (plain rope at 1e4) and a
+    compress layer (YaRN factor 16 over 65536 at 160000): an adapter that mapped theta, the YaRN dict or
+    the layer type wrongly would part them. Both are the rope at all: near position 0 they are within
+    4e-6 of the FP64 cos and sin (FP32 inverse frequencies within 2 ulp, angles p*f for p < 8: under 2e-6
+    of angle, plus the cos's own rounding). Our convention: FP32 [B, S, R], the pairs' entries first, the
+    rest NaN. transformers' bf16 builder is its FP32 tables rounded to bf16; vLLM refuses positions past
+    its cache (2**20 rows)."""
+    import torch
+
+    from dsrope_gate.inputs import angles
+
+    found = {b.name: b for b in presets.table_builders(["transformers", "vllm"], lambda msg: None)}
+    needed = ["transformers:DeepseekV4RotaryEmbedding(x fp32)", "vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache"]
+    if any(n not in found for n in needed):
+        pytest.skip(f"loaded only {sorted(found)}")
+    hf, vllm = (found[n].fn for n in needed)
+    bf16 = found["transformers:DeepseekV4RotaryEmbedding(x bf16)"].fn
+    g = torch.Generator().manual_seed(0)
+    positions = torch.stack(
+        (torch.arange(64), torch.arange(65536 - 32, 65536 + 32), torch.randint(0, 1 << 20, (64,), generator=g))
+    )
+    compress = dict(factor=16, original_max_position_embeddings=65536, beta_fast=32, beta_slow=1)
+    for theta, scaling in ((10000.0, None), (160000.0, compress)):
+        ours = hf(positions, 64, theta, scaling)
+        for theirs in (vllm(positions, 64, theta, scaling), bf16(positions, 64, theta, scaling)):
+            assert all(t.shape == (3, 64, 64) and t.dtype == torch.float32 for t in theirs)
+            assert all(t[..., 32:].isnan().all() for t in (*ours, *theirs))
+        for a, b in zip(ours, vllm(positions, 64, theta, scaling), strict=True):
+            assert torch.equal(a[..., :32].view(torch.int32), b[..., :32].view(torch.int32))
+        for a, b in zip(ours, bf16(positions, 64, theta, scaling), strict=True):
+            assert torch.equal(a[..., :32].bfloat16().float(), b[..., :32])
+    near_zero = positions[:1, :8]
+    c64, s64 = angles(near_zero[..., None], 64)
+    for table, exact in zip(vllm(near_zero, 64, 10000.0, None), (c64, s64), strict=True):
+        assert (table[..., :32].double() - exact).abs().max() < 4e-6
+    with pytest.raises(ValueError, match="positions: their cache holds positions 0 to 1048575"):
+        vllm(torch.tensor([[1 << 20]]), 64, 10000.0, None)
+
+
+def test_a_release_is_refused_where_another_release_of_its_package_is_imported():
+    """Two releases of one package cannot share a process: asking for transformers@5.23.0 where 5.17.0 is
+    imported raises VersionConflict naming both (and changes nothing); a version that is not pinned is
+    refused with the pinned ones."""
+    import sys
+
+    transformers = pytest.importorskip("transformers")
+    if transformers.__version__ != "5.17.0":
+        pytest.skip(f"transformers {transformers.__version__} is imported here, the pin is 5.17.0")
+    path = list(sys.path)
+    with pytest.raises(presets.VersionConflict, match="transformers@5.23.0: transformers 5.17.0 is already imported"):
+        presets.load(["transformers@5.23.0"], "cpu")
+    assert sys.path == path
+    with pytest.raises(ValueError, match="pinned: transformers@5.17.0, transformers@5.23.0"):
+        presets.load(["transformers@5.20.0"], "cpu")
+
+
+RELEASE_OUTPUTS = """
+import sys, torch
+from dsrope_gate import presets
+from dsrope_gate.inputs import tables, values
+
+said = []
+impls = presets.load([sys.argv[1]], "cpu", None, said.append)
+builders = presets.table_builders([sys.argv[1]], said.append)
+if not impls or not builders:
+    print("; ".join(said))
+    sys.exit(3)
+import transformers
+x = values((2, 3, 5, 512), torch.bfloat16, 0)
+cos, sin = tables(2, 5, 64, 0, per_batch=True, device="cpu")
+out = {"version": transformers.__version__, "file": transformers.__file__}
+for impl in impls:
+    args = (x, cos, sin, 64, 1e-6) if impl.op.name == "qnorm_rope" else (x, cos, sin, 64)
+    out[impl.name.partition(":")[2]] = impl.fn(*args)
+positions = torch.tensor([[0, 1, 4095, 65535, 65536, 1000003]])
+compress = dict(factor=16, original_max_position_embeddings=65536)
+for b in builders:
+    out[b.name.partition(":")[2]] = b.fn(positions, 64, 160000.0, compress)
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_a_release_pinned_beside_loads_in_a_fresh_process_and_5_23_gives_5_17s_bits_on_cpu(tmp_path):
+    """`transformers@5.23.0` in a fresh process: its own folder (CACHE/transformers-5.23.0) first on sys.path
+    before transformers is imported, its names tagged with the version; its q path (the unweighted norm and
+    the rotation) and its tables give 5.17.0's bits on CPU (docs/records/2026-12-07-transformers-5.17-vs-5.23.md:
+    the angle product moved from a matmul to an elementwise product, one rounding of one product either way)."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    saved = tmp_path / "outputs.pt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    run = subprocess.run(
+        [sys.executable, "-c", RELEASE_OUTPUTS, "transformers@5.23.0", str(saved)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if run.returncode == 3:
+        pytest.skip(run.stdout.strip())
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = torch.load(saved)
+    assert theirs["version"] == "5.23.0" and str(presets.CACHE / "transformers-5.23.0") in theirs["file"]
+    names = sorted(k for k in theirs if k not in ("version", "file"))
+    ours = {impl.name.partition(":")[2]: impl for impl in loaded_preset("transformers")}
+    builders = {b.name.partition(":")[2]: b for b in presets.table_builders(["transformers"], lambda msg: None)}
+    assert names == sorted([*ours, *builders])
+    from dsrope_gate.inputs import tables, values
+
+    x = values((2, 3, 5, 512), torch.bfloat16, 0)
+    cos, sin = tables(2, 5, 64, 0, per_batch=True, device="cpu")
+    for name, impl in ours.items():
+        args = (x, cos, sin, 64, 1e-6) if impl.op.name == "qnorm_rope" else (x, cos, sin, 64)
+        assert torch.equal(impl.fn(*args).view(torch.int16), theirs[name].view(torch.int16)), name
+    positions = torch.tensor([[0, 1, 4095, 65535, 65536, 1000003]])
+    for name, b in builders.items():
+        got = b.fn(positions, 64, 160000.0, dict(factor=16, original_max_position_embeddings=65536))
+        for a, c in zip(got, theirs[name], strict=True):
+            assert torch.equal(a.view(torch.int32), c.view(torch.int32)), name
+
+
+def test_the_command_lists_two_releases_of_one_package_each_in_a_process_of_its_own():
+    """The conformance command lists the implementations of each preset name in a child of its own, so that
+    `--preset transformers@5.17.0 --preset transformers@5.23.0` judges both (in one process the second
+    would raise VersionConflict)."""
+    from dsrope_gate.cli import preset_targets
+
+    said = []
+    listed = preset_targets(["transformers@5.17.0", "transformers@5.23.0"], "cpu", ["partial_rope"], said.append)
+    if said:
+        pytest.skip("; ".join(said))
+    names = [target.name for _, target in listed]
+    assert names == ["transformers@5.17.0:apply_rotary_pos_emb", "transformers@5.23.0:apply_rotary_pos_emb"]
+    assert [target.preset for _, target in listed] == ["transformers@5.17.0", "transformers@5.23.0"]
+
+
+# preset result name -> (contract, forward verdict, outside the model) under a contract other than the default:
+# vLLM's q-norm+rope is fp32-through by design; judged against that contract it is exactly that (it refuses
+# the shapes its module constants do not hold: partial), while sglang's fused q path is fp32-through too
+CONTRACT_EXPECTED = {
+    "vllm:xpu_qnorm_rope_kv_fp8_insert": ("vllm", "fp32-through", "partial", 0),
+    "sglang:fused_norm_rope_inplace_triton": ("sglang", "fp32-through", "conforms", 0),
+    "transformers:DeepseekV4UnweightedRMSNorm+apply_rotary_pos_emb": (
+        "transformers",
+        "fp32-through",
+        "does not conform",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTRACT_EXPECTED))
+def test_verdicts_under_the_fp32_through_contract(name):
+    preset, contract, verdict, outside = CONTRACT_EXPECTED[name]
+    impl = next(i for i in loaded_preset(preset) if i.name == name)
+    (r,), meta = conformance.run(impl.op, [(name, impl.fn)], "cpu", examples=2, contract=contract,
+                                 progress=lambda msg: None)  # fmt: skip
+    assert r["contract"] == meta["contract"] == contract
+    forward = r["forward"]
+    assert forward["verdict"] == verdict, (name, forward["verdict"], forward["outside_model"], forward["not_run"][:2])
+    if outside is not None:
+        assert forward["outside_model"] == outside
+    assert "fp32-through" in forward["semantics"] or verdict == "does not conform"

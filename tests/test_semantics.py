@@ -38,7 +38,7 @@ HALF = [(torch.bfloat16, "dsv4"), (torch.float16, "dsv4"), (torch.bfloat16, "odd
 MIXED = HALF + [(torch.float32, "odd")]  # the fp32 case tells fma-rotation from interleaved
 # (op, direction) -> label -> emulation; (op, direction) -> the contract's label: the ops' records
 SEMANTICS = {(op.name, d): op.emulations[d] for op in JUDGED.values() for d in DIRECTIONS}
-CONTRACT = {(op.name, d): op.contract[d] for op in JUDGED.values() for d in DIRECTIONS}
+CONTRACT = {(op.name, d): op.labels()[d] for op in JUDGED.values() for d in DIRECTIONS}
 KEYS = list(SEMANTICS)
 
 
@@ -99,14 +99,17 @@ def test_half_precision_ties_only_fma_with_interleaved(key):
 
 @pytest.mark.parametrize("key", KEYS, ids="-".join)
 def test_fp32_ties_are_the_roundings_that_vanish(key):
-    """fp32 outputs: the store truncates nothing, fp32-through and no-boundary-2 round nothing."""
+    """fp32 outputs: the store truncates nothing, fp32-through and no-boundary-2 round nothing, dtype-math
+    computes in FP32; every-op-rounded's backward is autograd through F.rms_norm's own composite (pow, mean,
+    add, rsqrt, mul) in fp32, the contract emulation's backward bit for bit."""
     op, direction = key
     contract = evidence(key, CONTRACT[key], [(torch.float32, "odd")])
     got = classify(contract)
     if key == ("qnorm_rope", "backward"):
-        assert got == ["two-boundaries", "no-boundary-2"]
+        assert got == ["two-boundaries", "no-boundary-2", "every-op-rounded"]
         return
-    assert {"interleaved", "truncating-store"} <= set(got) and not {"half-split", "fma-rotation"} & set(got)
+    assert {"interleaved", "truncating-store", "dtype-math"} <= set(got)
+    assert not {"half-split", "fma-rotation"} & set(got)
     if op == "qnorm_rope":
         assert {"two-boundaries", "fp32-through"} <= set(got)
     assert contract[0][CONTRACT[key].replace("interleaved", "fma-rotation")] < 0.99  # fp32 separates fma
@@ -202,6 +205,15 @@ def rotary_factor_twice_chain(x, cos, sin, rotary):
     return torch.cat((eager_partial_rope(x[..., :end], cos, sin, turned), x[..., end:]), -1)
 
 
+def dtype_math_chain(x, cos, sin, rotary):
+    """A hand-written rope in x.dtype: the tables cast to x.dtype, a*c - b*s and a*s + b*c as torch's x.dtype
+    ops (each product and the sum rounded to x.dtype), the leading channels as they are."""
+    d, half = x.shape[-1], rotary // 2
+    c, s = cos[:, None, :, :half].to(x.dtype), sin[:, None, :, :half].to(x.dtype)
+    a, b = x[..., d - rotary :: 2], x[..., d - rotary + 1 :: 2]
+    return torch.cat((x[..., : d - rotary], torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)), -1)
+
+
 def official_norm(x, eps):
     """DeepSeek's eager q norm as its code reads, in x.dtype."""
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
@@ -209,13 +221,14 @@ def official_norm(x, eps):
 
 @pytest.mark.parametrize(("dtype", "geometry"), MIXED)
 def test_emulations_equal_their_definitions_written_another_way(dtype, geometry):
-    """half-split, leading-channels, truncating-store, bf16-tables and rotary-factor-twice against stock-op
+    """half-split, leading-channels, truncating-store, bf16-tables, rotary-factor-twice and dtype-math against stock-op
     chains and the reference's directed rounding (backward: the same chain with the sine negated, the
     conjugate rotation); fma-rotation against the reference's exact rounding; fp32-through against the
     eager rotation; every-op-rounded against the official eager code in x.dtype (DSV4 rows)."""
     x, cos, sin, rotary, eps, grad = case(dtype, geometry)
     chains = {"half-split": rotate_half_chain, "leading-channels": leading_chain, "truncating-store": truncating_chain}
     chains |= {"bf16-tables": bf16_tables_chain, "rotary-factor-twice": rotary_factor_twice_chain}
+    chains |= {"dtype-math": dtype_math_chain}
     for label, chain in chains.items():
         got = SEMANTICS["partial_rope", "forward"][label](x, cos, sin, rotary)
         assert torch.equal(bits(got), bits(chain(x, cos, sin, rotary))), label
@@ -240,6 +253,24 @@ def test_emulations_equal_their_definitions_written_another_way(dtype, geometry)
     if geometry == "dsv4":
         official = SEMANTICS["qnorm_rope", "forward"]["every-op-rounded+interleaved"](x, cos, sin, rotary, eps)
         assert torch.equal(bits(official), bits(eager_partial_rope(official_norm(x, eps), cos, sin, rotary)))
+
+
+@pytest.mark.parametrize("op", ["partial_rope", "qnorm_rope"])
+def test_a_hand_written_rope_in_the_input_dtype_is_classified_dtype_math(op):
+    """A plain-torch rope in x.dtype (dtype_math_chain), alone (partial RoPE) or after F.rms_norm in x.dtype
+    (the contract's norm): the classifier names dtype-math and nothing else for the rotation, over bf16,
+    fp16 and the fp32 case (where it ties with the FP32 rotations and the bf16/fp16 cases decide)."""
+    key = (op, "forward")
+    got = []
+    for dtype, geometry in MIXED:
+        x, cos, sin, rotary, eps, _ = case(dtype, geometry)
+        y = F.rms_norm(x, (x.shape[-1],), eps=eps) if op == "qnorm_rope" else x
+        got.append(shares(dtype_math_chain(y, cos, sin, rotary).contiguous(), key, dtype, geometry))
+    assert classify(got) == (["two-boundaries", "dtype-math"] if op == "qnorm_rope" else ["dtype-math"])
+    label = "two-boundaries+dtype-math" if op == "qnorm_rope" else "dtype-math"
+    assert min(g[label] for g in got) == 1.0
+    interleaved = label.replace("dtype-math", "interleaved")
+    assert max(g[interleaved] for g in got[:4]) < 0.999  # bf16/fp16: a different function from the contract's
 
 
 INSIDE = {"interleaved", "fma-rotation", "two-boundaries", "two-boundaries+interleaved", "two-boundaries+fma-rotation"}

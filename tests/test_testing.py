@@ -42,7 +42,8 @@ def half_split(x, cos, sin, rotary):
 
 
 def fp32_through(x, cos, sin, rotary, eps):
-    y = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    xf = x.float()  # one cast: its backward rounds the gradient once (two casts would round two and add in bf16)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return rotate_fp32(y, cos, sin, rotary).to(x.dtype)
 
 
@@ -469,3 +470,25 @@ def test_every_marker_option_changes_the_verdict_it_should(tmp_path):
     }
     assert passed == MARKER_EXPECTED, run.stdout[-4000:]
     assert "unknown label(s) ['interleave']" in run.stdout
+
+
+def test_the_newcomers_fp32_through_passes_its_contract_and_the_contract_implementation_fails_it():
+    """A team whose engine is fp32-through by design proves it is exactly that: its implementation conforms to
+    the fp32-through contract (forward and the backward of that chain through autograd) and is named with its
+    labels; the two-boundaries implementation fails that contract, and the fp32-through one fails the default."""
+    quick = dict(device=DEVICE, examples=0, golden=False)
+    result = assert_conforms(
+        fp32_through, "qnorm_rope", contract="fp32-through", semantics=["fp32-through", "no-boundary-2"], **quick
+    )
+    assert result["contract"] == "fp32-through"
+    assert result["forward"]["verdict"] == result["backward"]["verdict"] == "conforms"
+    with pytest.raises(AssertionError, match="qnorm_rope forward: does not conform") as error:
+        assert_conforms(eager_qnorm_rope, "qnorm_rope", contract="fp32-through", **quick)
+    assert "(the fp32-through contract: fp32-through, interleaved)" in str(error.value)
+    with pytest.raises(AssertionError, match="qnorm_rope forward: does not conform"):
+        assert_conforms(fp32_through, "qnorm_rope", **quick)
+
+
+def test_an_unknown_contract_is_a_usage_error():
+    with pytest.raises(ValueError, match="contract: expected one of two-boundaries, fp32-through"):
+        assert_conforms(eager_partial_rope, "partial_rope", contract="fp32", **SMALL)

@@ -18,10 +18,16 @@
 #           tree (e.g. git worktree add baseline REF, before the call)
 #   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode)
 #   fma     the unfused rotation's GPU tests and the bench before and after it (tools/gpu_fma.sh)
+#   releases  the vllm preset judged on CUDA (the conformance command), then transformers 5.17.0 and 5.23.0
+#           each in its own process on the same inputs, their bits compared (python -m tools.release_bits)
+#   tables  every table builder's verdicts and semantics on CUDA (python -m tools.table_verdicts; tables.md with
+#           FP32 matmuls, tables-tf32.md with TF32 ones), then the tables' GPU tests; the peers' pinned
+#           releases as for `parity`, with megatron-core's embedding modules in .whl/peers
+#           (`python -m dsrope_gate.table_builders fetch` writes them)
 #
 # Packages: the device's own torch and triton; the wheels in the ignored .whl/ folder (carried with the tree:
 # the test dependencies the host lacks, such as nox, hypothesis, pytest-xdist, ml_dtypes, mpmath, safetensors)
-# are installed without network into /tmp/site, and for `parity` the peers' pinned releases in .whl/peers
+# are installed without network into /tmp/site, and for `parity` and `releases` the peers' pinned releases in .whl/peers
 # (`python -m dsrope_gate.presets fetch` writes them). The checkout's packages (src/, reference/, dev/) are
 # used in place, without an install.
 #
@@ -103,7 +109,26 @@ for phase in "$@"; do
     # the unfused rotation's GPU tests and the bench before and after it (run `bash tools/gpu_fma.sh prepare`
     # in the checkout first and carry .device/before)
     fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
-    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma)"; false ;;
+    releases)
+      install_peers
+      (timeout 240 python3 -m dsrope_gate.conformance --preset vllm --device cuda --examples 12 \
+        --json "$OUT/vllm.json" --out "$OUT/vllm" > "$OUT/c.log" 2>&1
+       rc=$?; [ $rc -le 1 ] && echo "conformance exit $rc (1: a verdict other than conforms)" >> "$OUT/c.log" \
+         || echo "conformance rc $rc" >> "$OUT/c.log")
+      tail -8 "$OUT/c.log" > "$OUT/c.tail"; rm "$OUT/c.log"
+      (timeout 240 python3 -m tools.release_bits transformers@5.17.0 transformers@5.23.0 --device cuda \
+        --json "$OUT/release_bits.json" > "$OUT/r.log" 2>&1; echo "release-bits rc $?" >> "$OUT/r.log")
+      fold_logs "$OUT/c.tail" "$OUT/r.log" ;;
+    tables)
+      install_peers
+      (timeout 240 python3 -m tools.table_verdicts --device cuda > "$OUT/tables.md" 2>&1; echo "tables rc $?" >> "$OUT/tables.md")
+      (timeout 240 python3 -m tools.table_verdicts --device cuda --tf32 > "$OUT/tables-tf32.md" 2>&1
+       echo "tables-tf32 rc $?" >> "$OUT/tables-tf32.md")
+      tail -16 "$OUT/tables.md" "$OUT/tables-tf32.md"
+      (timeout 300 python3 -m nox -s gpu-tests -- -q -rfE tests/test_table_builders.py tests/test_tables.py > "$OUT/tt.log" 2>&1
+       echo "table-tests rc $?" >> "$OUT/tt.log")
+      tail -8 "$OUT/tt.log" > "$OUT/tt.tail"; rm "$OUT/tt.log"; fold_logs "$OUT/tt.tail" ;;
+    *) echo "unknown phase $phase (gate, bench, parity, bits, sweep, fma, releases, tables)"; false ;;
   esac 2>&1 | tee -a "$OUT/run.log"
   echo "phase $phase: rc ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$OUT/phases.txt"
 done

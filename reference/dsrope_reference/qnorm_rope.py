@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import mpmath
 import torch
 
-from dsrope_reference.floats import U32, exact_sum, fmt, judge, round_nearest
+from dsrope_reference.floats import U32, exact_sum, fmt, judge, round_down, round_nearest, round_up
 from dsrope_reference.rope import (
     Model,
     interleave,
@@ -103,20 +103,43 @@ def exact_rstd(x64: torch.Tensor, eps: float):
     return torch.where(overflow, torch.zeros_like(r), r), delta, maybe
 
 
-def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> Forward:
-    dtype = x.dtype
-    x64 = x.detach().to("cpu", torch.float64)
+def normalized_interval(x64: torch.Tensor, eps: float):
+    """r, delta_r, the rows whose FP32 sum of squares may overflow, x*r (FP64) and the radius around x*r
+    within which a kernel's FP32 x * r_k lies before any store (subnormal results: 2**-126 more)."""
     r, delta, maybe_overflow = exact_rstd(x64, eps)
     r_ = r[..., None]
     xr = x64 * r_
     rad = xr.abs() * ((1 + delta[..., None]) * (1 + U32) - 1)
     rad = rad + torch.where((xr != 0) & (xr.abs() < TINY), TINY, 0.0)
+    return r, delta, maybe_overflow, xr, rad
+
+
+def or_zero(lo: torch.Tensor, hi: torch.Tensor, maybe_overflow: torch.Tensor):
+    """[lo, hi] widened to hold 0 in the rows where the FP32 sum of squares may overflow (r_k = 0 there)."""
+    zero = torch.zeros_like(lo)
+    lo = torch.where(maybe_overflow[..., None], torch.minimum(lo, zero), lo)
+    hi = torch.where(maybe_overflow[..., None], torch.maximum(hi, zero), hi)
+    return lo, hi
+
+
+def rstd_model(r: torch.Tensor, delta: torch.Tensor, maybe_overflow: torch.Tensor) -> Model:
+    """The FP32 rstd a kernel may save: [B*S*H] token-major, r_k within delta_r of r, 0 where it may overflow."""
+    r_rows = token_major_rows(r)
+    rad_r = token_major_rows(r * delta)
+    rstd = Model(r_rows, round_nearest(r_rows - rad_r, torch.float32), round_nearest(r_rows + rad_r, torch.float32))
+    maybe = token_major_rows(maybe_overflow)
+    rstd.lo = torch.where(maybe, torch.zeros_like(rstd.lo), rstd.lo)
+    return rstd
+
+
+def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> Forward:
+    dtype = x.dtype
+    x64 = x.detach().to("cpu", torch.float64)
+    r, delta, maybe_overflow, xr, rad = normalized_interval(x64, eps)
     y_ref = round_nearest(xr, dtype)
     y_lo, y_hi = round_nearest(xr - rad, dtype), round_nearest(xr + rad, dtype)
     # where the FP32 sum of squares may overflow, the kernel's y may also be 0
-    zero = torch.zeros_like(y_lo)
-    y_lo = torch.where(maybe_overflow[..., None], torch.minimum(y_lo, zero), y_lo)
-    y_hi = torch.where(maybe_overflow[..., None], torch.maximum(y_hi, zero), y_hi)
+    y_lo, y_hi = or_zero(y_lo, y_hi, maybe_overflow)
 
     c, s = tables(cos, sin, rotary)
     keep_ref, a_ref, b_ref = split(y_ref, rotary)
@@ -126,28 +149,26 @@ def forward(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, 
     second = two_sum(a_ref * s, b_ref * c)
     rot_ref = round_nearest_exact(*first, dtype), round_nearest_exact(*second, dtype)
     (lo1, hi1), (lo2, hi2) = rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype)
-
-    r_rows = token_major_rows(r)
-    rad_r = token_major_rows(r * delta)
-    rstd = Model(r_rows, round_nearest(r_rows - rad_r, torch.float32), round_nearest(r_rows + rad_r, torch.float32))
-    maybe = token_major_rows(maybe_overflow)
-    rstd.lo = torch.where(maybe, torch.zeros_like(rstd.lo), rstd.lo)
     return Forward(
         out=Model(join(keep_ref, *rot_ref), join(keep_lo, lo1, lo2), join(keep_hi, hi1, hi2)),
         normalized=Model(y_ref, y_lo, y_hi),
-        rstd=rstd,
+        rstd=rstd_model(r, delta, maybe_overflow),
     )
 
 
 def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
-    dtype = x.dtype
-    d = x.shape[-1]
     x64 = x.detach().to("cpu", torch.float64)
     r, delta, _ = exact_rstd(x64, eps)
-    r, delta = r[..., None], delta[..., None]
     derotated = partial_rope(grad.detach(), cos, sin, rotary, inverse=True)
     g = derotated.ref
     dg = torch.maximum(derotated.hi - g, g - derotated.lo)
+    return Backward(dx=rmsnorm_backward(x64, r[..., None], delta[..., None], g, dg, x.dtype), derotated=derotated)
+
+
+def rmsnorm_backward(x64, r, delta, g, dg, dtype: torch.dtype) -> Model:
+    """The model of dx = rnd(r (g - xhat mean(g xhat))) for a kernel whose gradient into the RMSNorm
+    backward is within dg of g (the bound B of the module docstring); r, delta: [..., 1]."""
+    d = x64.shape[-1]
     xhat = x64 * r
     m = exact_sum(g * xhat, keepdim=True) / d
     dx = r * (g - xhat * m)
@@ -167,7 +188,54 @@ def backward(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
     live = (dx != 0) | (dd > 0)
     bound = bound + torch.where(live, 4 * TINY * (r + 1), 0.0)
     lo, hi = round_nearest(dx - bound, dtype), round_nearest(dx + bound, dtype)
-    return Backward(dx=Model(round_nearest(dx, dtype), lo, hi), derotated=derotated)
+    return Model(round_nearest(dx, dtype), lo, hi)
+
+
+def forward_fp32_through(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> Forward:
+    """The fp32-through contract: boundary 1 absent, the FP32 normalized row xhat = x * r_k goes into the
+    rotation unrounded; out = rnd(r (a*c - b*s)) on the pairs, rnd(x r) on the other channels.
+
+    xhat is an FP32 number within `rad` of x*r (the box [RD32(xr - rad), RU32(xr + rad)]); the rotation's
+    interval over that box is reference/rope.py's. The reference is r (a*c - b*s) rounded once (a*c and
+    b*s exact in FP64, their difference and the product by r rounded in FP64: ties cannot occur, r is
+    irrational unless x*r is exact)."""
+    dtype = x.dtype
+    x64 = x.detach().to("cpu", torch.float64)
+    r, delta, maybe_overflow, xr, rad = normalized_interval(x64, eps)
+    h_lo, h_hi = or_zero(round_down(xr - rad, torch.float32), round_up(xr + rad, torch.float32), maybe_overflow)
+    y_lo, y_hi = or_zero(round_nearest(xr - rad, dtype), round_nearest(xr + rad, dtype), maybe_overflow)
+
+    c, s = tables(cos, sin, rotary)
+    r_ = r[..., None]
+    keep, a, b = split(x64, rotary)
+    rot_ref = round_nearest(r_ * (a * c - b * s), dtype), round_nearest(r_ * (a * s + b * c), dtype)
+    _, a_lo, b_lo = split(h_lo, rotary)
+    _, a_hi, b_hi = split(h_hi, rotary)
+    (lo1, hi1), (lo2, hi2) = rotation_interval(a_lo, a_hi, b_lo, b_hi, c, s, dtype)
+    keep_ref, keep_lo, keep_hi = (split(t, rotary)[0] for t in (round_nearest(xr, dtype), y_lo, y_hi))
+    return Forward(
+        out=Model(join(keep_ref, *rot_ref), join(keep_lo, lo1, lo2), join(keep_hi, hi1, hi2)),
+        normalized=Model(round_nearest(xr, torch.float32), h_lo, h_hi),
+        rstd=rstd_model(r, delta, maybe_overflow),
+    )
+
+
+def backward_fp32_through(x, grad, cos, sin, rotary: int, eps: float) -> Backward:
+    """The gradient of the fp32-through chain (autograd through F.rms_norm(x.float()), the FP32 rotation
+    and the cast to x.dtype): the de-rotated gradient stays FP32 into the RMSNorm backward (boundary 2
+    absent, the no-boundary-2 gradient), dx rounded once.
+
+    g' is the exact de-rotation (ga*c + gb*s in FP64: exact products, one FP64 rounding of the sum); the
+    kernel's FP32 g'_k lies in reference/rope.py's FP32 interval of it, so dg = its distance from g'
+    there (plus 2**-52 |g'| for the FP64 rounding), and the RMSNorm backward's bound B follows."""
+    x64 = x.detach().to("cpu", torch.float64)
+    r, delta, _ = exact_rstd(x64, eps)
+    derotated = partial_rope(grad.detach().float(), cos, sin, rotary, inverse=True)
+    c, s = tables(cos, sin, rotary)
+    keep, ga, gb = split(grad.detach().to("cpu", torch.float64), rotary)
+    g = join(keep, ga * c + gb * s, -ga * s + gb * c)
+    dg = torch.maximum(derotated.hi - g, g - derotated.lo) + 2.0**-52 * g.abs()
+    return Backward(dx=rmsnorm_backward(x64, r[..., None], delta[..., None], g, dg, x.dtype), derotated=derotated)
 
 
 # --- alternatives: functions peers ship, or plausible slips. The suite must reject each. --------

@@ -141,21 +141,27 @@ def ulp_model(exact: list, shape, ulps: float) -> Model:
     return _model(ref, lo, hi, shape)
 
 
-def frequencies(dim: int, max_seq_len: int, theta: float, rope_scaling=None, fp64: bool = False) -> Model:
-    """Model of the FP32 inverse frequencies: the trained table's per-entry bounds, or TABLE_REL (fp64)."""
+def frequencies(
+    dim: int, max_seq_len: int, theta: float, rope_scaling=None, fp64: bool = False, pow_ulps: float = POW_ULPS
+) -> Model:
+    """Model of the FP32 inverse frequencies: the trained table's per-entry bounds (pow within `pow_ulps`
+    ulp), or TABLE_REL (fp64)."""
     exact = inverse_frequencies(dim, max_seq_len, theta, rope_scaling)
-    rel = TABLE_REL if fp64 else fp32_frequency_bounds(dim, max_seq_len, theta, rope_scaling)
+    rel = TABLE_REL if fp64 else fp32_frequency_bounds(dim, max_seq_len, theta, rope_scaling, pow_ulps)
     return table_model(exact, (dim // 2,), rel)
 
 
-def fp32_frequency_bounds(dim: int, max_seq_len: int, theta: float, rope_scaling=None) -> list:
+def fp32_frequency_bounds(
+    dim: int, max_seq_len: int, theta: float, rope_scaling=None, pow_ulps: float = POW_ULPS
+) -> list:
     """Relative error bound of each entry of the trained (FP32) inverse frequencies vs the exact f_j.
 
     Only pow is approximate; +, -, *, / are IEEE operations, each correctly rounded, so where their
     operands are known exactly (the exponents, the YaRN ramp) their FP32 results are computed here.
     Plain: e' = fl(2j / d) (exact when d is a power of two) and theta' = fl(theta) make
-    theta'^-e' = f / (1 + rho) with rho computed here; p = pow(theta', e') within POW_ULPS ulp (2u
-    relative each) and f' = fl(1 / p) give |f' / f - 1| <= r1 = (1 + u) / ((1 - |rho|)(1 - 2u POW_ULPS)) - 1.
+    theta'^-e' = f / (1 + rho) with rho computed here; p = pow(theta', e') within pow_ulps ulp (2u
+    relative each; POW_ULPS on CPU) and f' = fl(1 / p) give
+    |f' / f - 1| <= r1 = (1 + u) / ((1 - |rho|)(1 - 2u pow_ulps)) - 1.
     YaRN: the FP32 ramp r = clamp(fl((j - low) / w)) (w: the FP32 width, from upstream's Python
     (high + 0.001) - low where the ramp has zero width), smooth = fl(1 - r) and a = fl(1 - smooth)
     are computed exactly. The blend fl(fl(fl(f' / F') a) + fl(f' smooth)) is a sum of nonnegative
@@ -174,7 +180,7 @@ def fp32_frequency_bounds(dim: int, max_seq_len: int, theta: float, rope_scaling
         for j in range(dim // 2):
             e = mpmath.mpf(2 * j) / dim
             rho = abs(theta_32 ** fl(e) / mpmath.mpf(theta) ** e - 1)
-            plain.append((1 + u) / ((1 - rho) * (1 - 2 * u * POW_ULPS)) - 1)
+            plain.append((1 + u) / ((1 - rho) * (1 - 2 * u * pow_ulps)) - 1)
         if not yarn_applies(max_seq_len, rope_scaling):
             return plain
         low, high = yarn_ramp_bounds(dim, theta, rope_scaling)

@@ -13,6 +13,8 @@ entry point can choose compiled or interpreted Triton first: dsrope_gate.startup
     strategies    hypothesis strategies over shapes, layouts, values and tables
     differential  the eager chains of stock torch ops, transformers' DeepSeek-V3 functions
     semantics     the one FP32 eager rotation, the known semantics' emulations, the classifier
+    tables        the rope_tables op: cases, table semantics labels and emulations, the judge of a table builder
+    table_builders  adapters over the pinned projects' table builders and dsrope's own
     diagnoses     named causes of elements outside the model (explain, never change a verdict)
     targets       loading an implementation (module:callable, file.py:callable); the module loader
     golden        the golden store: records, encoding, manifest and hashes, snapshot files, diffs

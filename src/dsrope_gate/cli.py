@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from dsrope_reference.contracts import CONTRACTS, DEFAULT
+
 from dsrope_gate import semantics
 from dsrope_gate.cases import DTYPES
 from dsrope_gate.conformance import EXAMPLES, TIMEOUT, Target
@@ -73,6 +75,8 @@ def epilog() -> str:
         "Verdict, per direction (forward, backward):",
     ]
     lines += [f"  {k:18} {v}" for k, v in VERDICT_MEANING.items()]
+    lines += ["", "Contracts (--contract; an FP64 reference with a per-element error model each):"]
+    lines += [f"  {name:18} {c.description}" for name, c in CONTRACTS.items()]
     lines += ["", "Semantics read off the bits (the emulation each agrees with, bf16/fp16 cases for qnorm_rope):"]
     lines += [f"  {k:18} {v}" for k, v in LABELS.items()]
     lines += [
@@ -111,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
     add("--op", choices=tuple(JUDGED), action="append", help="the op(s) to judge (default: both where given presets)")
     add("--impl", action="append", default=[], help="module.path:callable or path/to/file.py:callable; repeatable")
     add("--in-place", action="store_true", help="every --impl rotates x itself: what it writes into x is judged")
+    add(
+        "--contract",
+        choices=tuple(CONTRACTS),
+        default=DEFAULT,
+        help=f"the contract judged (default {DEFAULT}; docs/contract.md derives each)",
+    )
     add("--preset", action="append", default=[], help="a preset (dsrope_gate.presets), or 'all'; repeatable")
     add("--against", help="a second implementation to compare each with, element by element")
     add("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when visible, else cpu")
@@ -173,13 +183,17 @@ def main(argv=None) -> int:
 
 
 def preset_targets(names, device, ops, progress) -> list[tuple[str, Target]]:
-    """(op name, Target) of every implementation of the named presets, listed in a child process: the peers'
-    code is never imported into the judge's own process."""
+    """(op name, Target) of every implementation of the named presets, each name listed in a child process
+    of its own: the peers' code is never imported into the judge's own process, and two releases of one
+    package (transformers@5.17.0, transformers@5.23.0) cannot share one."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        listed, skipped = pool.apply(list_presets, (names, device, ops))
+    listed, skipped = [], []
+    with context.Pool(1, maxtasksperchild=1) as pool:
+        for name in dict.fromkeys(names):
+            found, said = pool.apply(list_presets, ([name], device, ops))
+            listed, skipped = listed + found, skipped + said
     for line in skipped:
         progress(line)
     return [(op, Target(name, preset=preset, in_place=False)) for preset, name, op in listed]
@@ -229,6 +243,10 @@ def judge(args) -> int:
         unknown = [n for n in args.preset if n != "all" and n.split("@")[0] not in presets.PRESETS]
         if unknown:
             raise UsageError(f"--preset: unknown {unknown}; known: {', '.join(presets.PRESETS)} or all")
+        for name in args.preset:
+            base, at, version = name.partition("@")
+            if at and version not in presets.releases(base):
+                raise UsageError(f"--preset {name}: {base}'s pinned releases are {presets.releases(base) or 'none'}")
         if isolate:
             listed = preset_targets(args.preset, device, args.op, progress)
         else:
@@ -274,6 +292,7 @@ def judge_jobs(jobs, device, args, progress, against=None):
             found, outputs, cases, meta = judge_all(
                 op, everyone, device, args.examples, args.seed, args.golden, progress, each_case,
                 isolate=not args.in_process, timeout=args.timeout, dtypes=args.dtype, accept=tuple(args.accept),
+                contract=args.contract,
             )  # fmt: skip
         except LoadError as e:
             raise UsageError(f"cannot load an implementation of {op}: {e}") from e

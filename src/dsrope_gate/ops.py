@@ -22,6 +22,7 @@ from dsrope_gate.cases import Case, Inputs
 
 # the stage each direction outputs: the forward's result, the backward's input gradient
 DIRECTIONS = {"forward": "out", "backward": "dx"}
+DEFAULT_CONTRACT = "two-boundaries"  # the training chain's (dsrope_reference.contracts.DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,15 @@ class Op:
     signature: str
     # call(fn, case, x, inputs) -> fn's output for x (x: inputs.x or a copy of it that requires grad)
     call: Callable
-    # reference(case, inputs) -> stage -> dsrope_reference Model (FP64, CPU); stages not in `stages` are the
-    # reference's intermediate values (stored in the goldens, judged nowhere)
-    reference: Callable[[Case, Inputs], dict]
+    # reference(case, inputs, contract) -> stage -> dsrope_reference Model (FP64, CPU) under the contract named
+    # (dsrope_reference.contracts); stages not in `stages` are the reference's intermediate values (stored in the
+    # goldens for the default contract, judged nowhere)
+    reference: Callable[..., dict]
     stages: tuple[str, ...]  # the stages judged: "out", "dx", and dsrope's saved "rstd" where its kernel has one
     dsrope: str  # dsrope's implementation, module:callable
     emulations: dict = field(default_factory=dict)  # direction -> label -> emulate(x, cos, sin, rotary, eps, grad)
-    contract: dict = field(default_factory=dict)  # direction -> the contract's label (a "+" joins its parts)
+    # contract name -> direction -> the label of its semantics (a "+" joins its parts); DEFAULT_CONTRACT's first
+    contract: dict = field(default_factory=dict)
     semantic_dtypes: tuple[str, ...] = ()  # the dtypes whose bits carry the semantics
     even_channels: bool = True  # whether D must be even (what hypothesis draws)
     value_kinds: tuple[str, ...] = ("normal", "mixed", "tiny", "huge", "zero_rows", "midpoint")
@@ -47,26 +50,32 @@ class Op:
     def __str__(self) -> str:
         return self.name
 
+    def labels(self, contract: str = DEFAULT_CONTRACT) -> dict:
+        """direction -> the semantics label of `contract` (a "+" joins its parts)."""
+        if contract not in self.contract:
+            raise ValueError(f"contract: expected one of {', '.join(self.contract)} for {self.name}, got {contract!r}")
+        return self.contract[contract]
+
 
 # --- DeepSeek-V4: Q RMSNorm + partial RoPE, partial RoPE ----------------------------------------------------
 
 
-def _qnorm_reference(case: Case, inputs: Inputs) -> dict:
-    from dsrope_reference import qnorm_rope
+def _qnorm_reference(case: Case, inputs: Inputs, contract: str = DEFAULT_CONTRACT) -> dict:
+    from dsrope_reference import contracts
 
     x, cos, sin, grad = inputs
-    fwd = qnorm_rope.forward(x, cos, sin, case.rotary, case.eps)
-    bwd = qnorm_rope.backward(x, grad, cos, sin, case.rotary, case.eps)
+    fwd = contracts.forward(x, cos, sin, case.rotary, case.eps, contract)
+    bwd = contracts.backward(x, grad, cos, sin, case.rotary, case.eps, contract)
     return {"out": fwd.out, "rstd": fwd.rstd, "dx": bwd.dx, "normalized": fwd.normalized, "derotated": bwd.derotated}
 
 
-def _rope_reference(case: Case, inputs: Inputs) -> dict:
-    from dsrope_reference.rope import partial_rope
+def _rope_reference(case: Case, inputs: Inputs, contract: str = DEFAULT_CONTRACT) -> dict:
+    from dsrope_reference.contracts import partial_rope
 
     x, cos, sin, grad = inputs
     return {
-        "out": partial_rope(x, cos, sin, case.rotary),
-        "dx": partial_rope(grad, cos, sin, case.rotary, inverse=True),
+        "out": partial_rope(x, cos, sin, case.rotary, contract=contract),
+        "dx": partial_rope(grad, cos, sin, case.rotary, inverse=True, contract=contract),
     }
 
 
@@ -85,7 +94,12 @@ QNORM_ROPE = Op(
         },
         "backward": {label: semantics.qnorm_backward(label) for label in semantics.BACKWARDS},
     },
-    contract={"forward": "two-boundaries+interleaved", "backward": "two-boundaries"},
+    contract={
+        "two-boundaries": {"forward": "two-boundaries+interleaved", "backward": "two-boundaries"},
+        "fp32-through": {"forward": "fp32-through+interleaved", "backward": "no-boundary-2"},
+        "every-op-rounded": {"forward": "every-op-rounded+interleaved", "backward": "every-op-rounded"},
+        "bf16-tables": {"forward": "two-boundaries+bf16-tables", "backward": "bf16-tables"},
+    },
     # in fp32 the rounding boundaries are no-ops, and a kernel's own rstd (reduction order, approximate
     # rsqrt) moves last bits of every element of a row: fp32 judges the verdict only
     semantic_dtypes=("bfloat16", "float16"),
@@ -106,7 +120,13 @@ PARTIAL_ROPE = Op(
         "forward": {label: semantics.rope_forward(label) for label in semantics.ROTATIONS},
         "backward": {label: semantics.rope_backward(label) for label in semantics.ROTATIONS},
     },
-    contract={"forward": "interleaved", "backward": "interleaved"},
+    # partial RoPE has no norm: its fp32-through and every-op-rounded contracts are the rotation itself
+    contract={
+        "two-boundaries": {"forward": "interleaved", "backward": "interleaved"},
+        "fp32-through": {"forward": "interleaved", "backward": "interleaved"},
+        "every-op-rounded": {"forward": "interleaved", "backward": "interleaved"},
+        "bf16-tables": {"forward": "bf16-tables", "backward": "bf16-tables"},
+    },
     semantic_dtypes=("bfloat16", "float16", "float32"),
     eager=differential.eager_partial_rope,
 )
@@ -116,7 +136,7 @@ PARTIAL_ROPE = Op(
 
 
 def _v3_reference(pairing: str):
-    def reference(case: Case, inputs: Inputs) -> dict:
+    def reference(case: Case, inputs: Inputs, contract: str = DEFAULT_CONTRACT) -> dict:
         from dsrope_reference.rope_utils import rotation
 
         x, cos, sin, grad = inputs

@@ -79,10 +79,12 @@ def outside(record: dict, dtype: str) -> int:
 
 
 def parity(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, isolate=False,
-           timeout=TIMEOUT):  # fmt: skip
+           timeout=TIMEOUT, contract="two-boundaries"):  # fmt: skip
     """(the pairs' rows, each implementation's conformance result, meta) of the implementations (Targets or
     (name, callable) pairs) on `op`, judged on the default case set."""
-    judged = judge_all(op_named(op), impls, device, examples, seed, golden_root, progress, None, isolate, timeout)
+    judged = judge_all(
+        op_named(op), impls, device, examples, seed, golden_root, progress, None, isolate, timeout, contract=contract
+    )
     results, outputs, cases, meta = judged
     return pairs(results, outputs, cases), results, meta
 
@@ -107,6 +109,7 @@ def render(rows: list[dict], results: list[dict], metas: list[dict]) -> str:
     lines = [
         "# Parity matrix",
         "",
+        f"contract {meta.get('contract', 'two-boundaries')}; "
         f"{meta['date']}; device {meta['device']}; torch {meta['torch']}; triton {meta['triton']}; cases per op "
         f"{'/'.join(str(m['cases']) for m in metas)} ({meta['sweep']} drawn, seed {meta['seed']}); {meta['golden']}",
         "",

@@ -5,11 +5,13 @@ tests/test_pins.py holds the two equal)."""
 
 PINS = {
     "transformers": "transformers==5.17.0",
+    "transformers@5.23.0": "transformers==5.23.0",  # beside the pin: its own folder of the presets' cache
     "veomni": "veomni==0.1.12",
     "sglang": "sglang==0.5.23",
     "nemo-automodel": "nemo-automodel==0.7.0",
     "flash-attn": "flash-attn==2.8.3",
     "megatron-core": "megatron-core==0.19.2",
+    "vllm": "vllm==0.33.0",
 }
 
 

@@ -6,17 +6,22 @@ onto theirs: x [B, H, S, D] of any strides, cos/sin FP32 [B, S, R] whose first R
 (theirs take R/2-entry, complex, batch-less or duplicated tables), the trailing R channels rotated as
 interleaved pairs. Their math is never changed: where their function is in place it runs on a copy of x
 in token-major storage and the copy is returned; where it has no backward of its own the result carries
-no grad_fn (the command then reports the forward only).
+no grad_fn (the command then reports the forward only). Table builders (TableBuilder, `table_builders`)
+give the rope tables a project builds from positions, in our table convention.
 
 Where a package cannot be imported whole without its heavy runtime, the adapter loads its one module:
 sglang (a serving runtime) from the installed distribution's file, flash-attn (an sdist that builds a
-CUDA extension) from the release's archive and megatron-core (a wheel for Python >= 3.12 whose package
-imports its runtime) from the release's wheel, extracted at first use into a cache outside the repository
-(DSROPE_PEERS_CACHE, default ~/.cache/dsrope/peers). A preset whose package is missing is skipped with
-the command that installs it.
+CUDA extension) from the release's archive, megatron-core (a wheel for Python >= 3.12 whose package
+imports its runtime) and vLLM (a serving runtime; a few files, with stand-ins for the rest of it) from the
+release's wheel, extracted at first use into a cache outside the repository (DSROPE_PEERS_CACHE, default
+~/.cache/dsrope/peers). A preset whose package is missing is skipped with the command that installs it.
 
-    python -m dsrope_gate.presets fetch [DIR]    # the pinned wheels, the flash-attn and megatron modules into DIR
-                                                 # (default .whl/peers), for an offline GPU host
+`NAME@VERSION` names a release: the pinned one, or one pinned beside it (PINS["NAME@VERSION"]), installed
+alone into its own folder of the cache and put first on sys.path before its package is imported. Two
+releases of one package cannot share a process: each is loaded in a process of its own.
+
+    python -m dsrope_gate.presets fetch [DIR]    # the pinned wheels and modules into DIR (default
+                                                 # .whl/peers), for an offline GPU host
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import tempfile
 import types
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dsrope_gate.ops import PARTIAL_ROPE, QNORM_ROPE, Op
@@ -39,6 +44,10 @@ from dsrope_gate.pins import PINS, release, version
 from dsrope_gate.targets import load_module
 
 CACHE = Path(os.environ.get("DSROPE_PEERS_CACHE", Path.home() / ".cache" / "dsrope" / "peers"))
+# DeepSeek-V4's max_position_embeddings (transformers' DeepseekV4Config default, the released checkpoints'
+# value), in the configs the table builders are given: vLLM's main layers take their YaRN correction range
+# (factor 1) from it and, times the factor, the rows of every cache it builds.
+DEEPSEEK_V4_MAX_POSITIONS = 1048576
 
 
 @dataclass(frozen=True)
@@ -66,18 +75,87 @@ class Implementation:
     offsets_32bit: bool = False
 
 
+@dataclass(frozen=True)
+class TableBuilder:
+    """One preset's rope table builder, for the rope_tables op: fn(positions int64 [B, S], rotary, theta,
+    rope_scaling) -> (cos, sin) FP32 [B, S, R] whose first R/2 entries are the pairs' (the rest NaN, as
+    dsrope_gate.inputs.tables makes them). rope_scaling is None (plain rope at theta) or DeepSeek's YaRN
+    dict (factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim).
+    attention_factor: the factor its cos/sin carry when rope_scaling is given (1.0: none folded in)."""
+
+    name: str
+    fn: Callable
+    attention_factor: float = 1.0
+
+
 class Missing(Exception):
     """A preset's package is not installed: the message says how to install it."""
 
 
-def _require(name: str) -> None:
-    pin = PINS[name]
+class VersionConflict(RuntimeError):
+    """A preset's release cannot load in this process: another release of its package is imported here
+    (two releases of one package cannot share a process)."""
+
+
+def releases(preset: str) -> list[str]:
+    """The versions `preset@VERSION` may name: its pinned release first, then those pinned beside it
+    (PINS["NAME@VERSION"]); none for a preset without a pin."""
+    if preset not in PINS:
+        return []
+    return [version(preset)] + [key.partition("@")[2] for key in PINS if key.startswith(f"{preset}@")]
+
+
+def _require(name: str, at: str | None = None) -> None:
+    """The distribution `name` found first on sys.path is the pinned release (or release `at`, pinned beside it)."""
+    pin = PINS[f"{name}@{at}"] if at and at != version(name) else PINS[name]
     try:
-        installed = importlib.metadata.version(name)
+        found = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         raise Missing(f"{name} is not installed: `pip install --no-deps {pin}`") from None
-    if installed != version(name):
-        raise Missing(f"{name} {installed} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
+    if found != pin.split("==")[1]:
+        raise Missing(f"{name} {found} is installed, the preset is pinned to {pin}: `pip install --no-deps {pin}`")
+
+
+def _release_folder(package: str, at: str) -> Path:
+    """CACHE/PACKAGE-VERSION: the release installed alone (no dependencies) into its own folder, from the
+    wheel `fetch` carried there for an offline host, else from the package index, at first use."""
+    folder = CACHE / f"{package}-{at}"
+    pin = PINS[f"{package}@{at}"]
+    if not (folder / package).is_dir():
+        wheels = sorted(folder.glob("*.whl"))
+        source = ["--no-index", str(wheels[-1])] if wheels else [pin]
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target", str(folder)]
+        subprocess.run(cmd + source, capture_output=True)
+    if not (folder / package).is_dir():
+        raise Missing(f"{package} {at} is not in {folder}: `pip install --no-deps --target {folder} {pin}`")
+    return folder
+
+
+def use_release(package: str, at: str | None = None) -> None:
+    """Make `import PACKAGE` give release `at` in this process (None: the pinned one, installed as usual).
+    A release pinned beside it (PINS["PACKAGE@VERSION"]) has its own folder (_release_folder), put first
+    on sys.path and imported at once. Raises VersionConflict when another release of the package is
+    already imported in this process: each release is judged in a process of its own."""
+    wanted = at or version(package)
+    imported = sys.modules.get(package)
+    if imported is not None:
+        found = getattr(imported, "__version__", None)
+        if found != wanted:
+            raise VersionConflict(
+                f"{package}@{wanted}: {package} {found} is already imported in this process (from "
+                f"{Path(imported.__file__).parent}); two releases of one package cannot share a process: "
+                f"load {package}@{wanted} in a fresh one"
+            )
+        return
+    if wanted == version(package):
+        return
+    folder = str(_release_folder(package, wanted))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+        importlib.invalidate_caches()
+    found = importlib.import_module(package).__version__
+    if found != wanted:
+        raise VersionConflict(f"{package}@{wanted}: importing {package} from {folder} gave {found}")
 
 
 def _half(t):
@@ -90,6 +168,15 @@ def _token_major_copy(x):
     import torch
 
     return x.detach().transpose(1, 2).clone(memory_format=torch.contiguous_format)
+
+
+def _our_tables(cos_half, sin_half):
+    """FP32 [B, S, R] in our table convention from the pairs' [B, S, R/2] entries: the rest NaN, as
+    dsrope_gate.inputs.tables makes them (nothing may read them)."""
+    import torch
+
+    nan = torch.full_like(cos_half, float("nan"), dtype=torch.float32)
+    return torch.cat((cos_half.float(), nan), -1), torch.cat((sin_half.float(), nan), -1)
 
 
 # --- controls ------------------------------------------------------------------------------------------
@@ -128,11 +215,13 @@ def eager_chain_preset():
 # --- transformers: models/deepseek_v4 (eager) --------------------------------------------------------------
 
 
-def transformers_preset():
+def transformers_preset(at: str | None = None):
     """apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1) takes R/2-entry tables [B, S, R/2] and rotates the
     trailing 2 * (R/2) channels (pairs 2k, 2k+1 by repeat_interleave and their rotate_half) in FP32;
-    DeepseekV4UnweightedRMSNorm(eps) is their Q norm. Our FP32 tables' pair entries are passed as they are."""
-    _require("transformers")
+    DeepseekV4UnweightedRMSNorm(eps) is their Q norm. Our FP32 tables' pair entries are passed as they are.
+    `at`: a release pinned beside the installed one (transformers@VERSION), made importable first
+    (use_release)."""
+    _require("transformers", at)
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
     def rotate(x, cos, sin, rotary):
@@ -149,6 +238,42 @@ def transformers_preset():
             backward=autograd,
         ),
     ]  # fmt: skip
+
+
+def transformers_table_builders(at: str | None = None) -> list[TableBuilder]:
+    """DeepSeek-V4's rope tables as transformers builds them: DeepseekV4RotaryEmbedding(config).forward(x,
+    position_ids, layer_type) -> cos, sin [B, S, R/2] of the pairs, in x's dtype. The config is ours:
+    DeepseekV4Config(head_dim=max(512, R), partial_rotary_factor=R/head_dim, rope_theta = compress_rope_theta
+    = theta, max_position_embeddings=2**20, rope_parameters={"rope_type": "yarn", **rope_scaling} or None);
+    layer_type "main" without rope_scaling (plain rope), "compress" with it (YaRN; the config sets its
+    attention_factor to 1.0: nothing folded in). The module is built on CPU, as a model is before it is
+    moved, and moved to the positions' device. Two builders: x in bf16, as a bf16 model runs it (its
+    tables rounded to bf16; widened back to FP32 here, exactly), and x in FP32. `at`: as for
+    transformers_preset."""
+    _require("transformers", at)
+    import torch
+    from transformers.models.deepseek_v4 import configuration_deepseek_v4 as configuration
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as modeling
+
+    def builder(dtype):
+        def rope_tables(positions, rotary, theta, rope_scaling=None):
+            head_dim = max(512, rotary)
+            config = configuration.DeepseekV4Config(
+                head_dim=head_dim, partial_rotary_factor=rotary / head_dim, rope_theta=theta,
+                compress_rope_theta=theta, max_position_embeddings=DEEPSEEK_V4_MAX_POSITIONS,
+                rope_parameters={"rope_type": "yarn", **rope_scaling} if rope_scaling else None,
+            )  # fmt: skip
+            embedding = modeling.DeepseekV4RotaryEmbedding(config).to(positions.device)
+            x = torch.empty(0, dtype=dtype, device=positions.device)
+            return _our_tables(*embedding(x, positions, layer_type="compress" if rope_scaling else "main"))
+
+        return rope_tables
+
+    name = "transformers:DeepseekV4RotaryEmbedding"
+    return [
+        TableBuilder(f"{name}(x bf16)", builder(torch.bfloat16)),
+        TableBuilder(f"{name}(x fp32)", builder(torch.float32)),
+    ]
 
 
 # --- veomni: ops/kernels/rotary/triton_deepseek_v4.py (Triton, with backward) --------------------------------
@@ -482,6 +607,327 @@ def megatron_preset():
     ]  # fmt: skip
 
 
+# --- vLLM: models/deepseek_v4 (Triton q-norm + rope, Triton inverse rope; its rope tables) ---------------------
+
+VLLM = release("vllm")
+# The files kept from the release's wheel (CACHE/vllm-<version>/, by their paths in it), in load order: the
+# q-norm + rope module, the inverse rope module and the launch machinery it runs through, DeepSeek-V4's rope
+# table builder and the rotary-embedding modules it builds from.
+VLLM_FILES = (
+    "vllm/models/deepseek_v4/xpu/xpu_qnorm_rope_kv_fp8_insert.py",
+    "vllm/model_executor/warmup/jit_warmup.py",
+    "vllm/model_executor/warmup/jit_warmup_triton_helper.py",
+    "vllm/models/deepseek_v4/common/ops/fused_inv_rope_fp8_quant.py",
+    "vllm/model_executor/layers/rotary_embedding/common.py",
+    "vllm/model_executor/layers/rotary_embedding/base.py",
+    "vllm/model_executor/layers/rotary_embedding/deepseek_scaling_rope.py",
+    "vllm/models/deepseek_v4/common/rope.py",
+)
+
+
+def fetch_vllm(cache: Path) -> None:
+    """The release's wheel from the package index (once; about 340 MB), and the files of VLLM_FILES
+    extracted into CACHE/vllm-<version>/ (the wheel is not kept)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+        cmd += ["--platform", "manylinux_2_28_x86_64", "-d", tmp, PINS["vllm"]]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            return
+        wheel = next(Path(tmp).glob(f"vllm-{version('vllm')}-*.whl"), None)
+        if wheel is None:
+            return
+        with zipfile.ZipFile(wheel) as archive:
+            files = {name: archive.read(name) for name in VLLM_FILES}
+    for name, data in files.items():
+        target = cache / VLLM / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+
+
+class _VllmPlatform:
+    """vLLM's `current_platform` as these files ask it: a CUDA platform where Triton compiles for a CUDA
+    device, a CPU one elsewhere (Triton's interpreter included)."""
+
+    @staticmethod
+    def is_cuda() -> bool:
+        import torch
+
+        return torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+
+    @classmethod
+    def is_cpu(cls) -> bool:
+        return not cls.is_cuda()
+
+    @classmethod
+    def is_arch_support_pdl(cls) -> bool:
+        """vLLM's CUDA platform: programmatic dependent launch on compute capability 9 and up (Hopper)."""
+        import torch
+
+        return cls.is_cuda() and torch.cuda.get_device_capability()[0] >= 9
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if self.is_cuda() else "cpu"
+
+
+def _vllm_stand_ins(loaded: dict) -> dict:
+    """Stand-ins for the parts of vLLM's runtime that the kept files import (importing vllm itself starts
+    its platform, plugins and compiled extensions), none of them in the math judged:
+
+    vllm.triton_utils -> triton and triton.language themselves; vllm.platforms -> _VllmPlatform;
+    vllm.envs -> its one read here (warmup threads: 1); vllm.logger -> logging; vllm.utils.flashinfer and
+    vllm._aiter_ops -> not installed, not enabled; vllm.model_executor.custom_op.CustomOp -> an nn.Module
+    whose custom-op switch is off (it picks forward kernels only; the table is built the same either way);
+    vllm.utils.torch_utils.direct_register_custom_op -> as vLLM's: the function registered as a torch op
+    in the "vllm" library (for the CPU and CUDA dispatch keys); vllm.utils.deep_gemm -> absent (FP8 scales
+    only); vllm.models.deepseek_v4.common.ops.cache_utils -> a quantize_and_insert_k_cache that inserts
+    nothing (the FP8 kv-cache insert is outside the op); rotary_embedding.get_rope -> its DeepSeek branch
+    (the class and arguments get_rope gives DeepSeek-V4's rope types), the package's other rope classes
+    not loaded."""
+    import logging
+
+    import torch
+    import triton
+    import triton.language as tl
+    from torch.library import Library, infer_schema
+
+    library = Library("vllm", "FRAGMENT")
+
+    def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None, target_lib=None, **_):
+        lib = target_lib or library
+        lib.define(op_name + infer_schema(op_func, mutates_args=mutates_args or []))
+        for key in ("CPU", "CUDA"):
+            lib.impl(op_name, op_func, dispatch_key=key)
+        if fake_impl is not None:
+            lib._register_fake(op_name, fake_impl)
+
+    def get_tma_aligned_size(*args, **kwargs):
+        raise NotImplementedError("vllm.utils.deep_gemm is not loaded: the FP8 quantisation is outside the op")
+
+    class CustomOp(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+        def enabled(self) -> bool:
+            return False
+
+        @classmethod
+        def register(cls, name):
+            return lambda op: op
+
+    class RocmAiterOps:
+        @staticmethod
+        def is_triton_rotary_embed_enabled() -> bool:
+            return False
+
+    def get_rope(head_size, max_position, is_neox_style=True, rope_parameters=None, dtype=None, **_):
+        p = dict(rope_parameters)
+        if p["rope_type"] not in ("deepseek_yarn", "deepseek_llama_scaling") or not p.get("is_deepseek_v4"):
+            raise NotImplementedError(f"get_rope stand-in: only DeepSeek-V4's rope types, got {p['rope_type']}")
+        scaling = loaded["vllm.model_executor.layers.rotary_embedding.deepseek_scaling_rope"]
+        extra = {k: p[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim") if k in p}
+        return scaling.DeepseekV4ScalingRotaryEmbedding(
+            head_size, p["rope_dim"], p["original_max_position_embeddings"], p["rope_theta"], is_neox_style,
+            p["factor"], dtype if dtype is not None else torch.get_default_dtype(), **extra,
+        )  # fmt: skip
+
+    def module(name, package=False, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        if package:
+            m.__path__ = []
+        return m
+
+    packages = ["vllm", "vllm.model_executor", "vllm.model_executor.warmup", "vllm.model_executor.layers"]
+    packages += ["vllm.models", "vllm.models.deepseek_v4", "vllm.models.deepseek_v4.xpu", "vllm.utils"]
+    packages += ["vllm.models.deepseek_v4.common", "vllm.models.deepseek_v4.common.ops"]
+    stand_ins = {name: module(name, package=True) for name in packages}
+    rotary = "vllm.model_executor.layers.rotary_embedding"
+    stand_ins |= {
+        "vllm.triton_utils": module("vllm.triton_utils", tl=tl, triton=triton, HAS_TRITON=True),
+        "vllm.platforms": module("vllm.platforms", current_platform=_VllmPlatform()),
+        "vllm.envs": module("vllm.envs", VLLM_TRITON_JIT_WARMUP_NUM_THREADS=1),
+        "vllm.logger": module("vllm.logger", init_logger=logging.getLogger),
+        "vllm.utils.flashinfer": module("vllm.utils.flashinfer", has_flashinfer=lambda: False),
+        "vllm._aiter_ops": module("vllm._aiter_ops", rocm_aiter_ops=RocmAiterOps()),
+        "vllm.model_executor.custom_op": module("vllm.model_executor.custom_op", CustomOp=CustomOp),
+        "vllm.utils.torch_utils": module(
+            "vllm.utils.torch_utils", direct_register_custom_op=direct_register_custom_op, vllm_lib=library
+        ),
+        "vllm.utils.deep_gemm": module("vllm.utils.deep_gemm", get_tma_aligned_size=get_tma_aligned_size),
+        "vllm.models.deepseek_v4.common.ops.cache_utils": module(
+            "vllm.models.deepseek_v4.common.ops.cache_utils", quantize_and_insert_k_cache=lambda *a, **k: None
+        ),
+        rotary: module(rotary, package=True, get_rope=get_rope),
+    }
+    return stand_ins
+
+
+class _VllmImports:
+    """vLLM's modules (the stand-ins and the files loaded) in sys.modules while the block runs: their
+    functions import some of them at call time. Entered only where no real vllm is imported."""
+
+    def __init__(self, modules: dict):
+        self.modules = modules
+
+    def __enter__(self):
+        if sys.modules.get("vllm", self.modules["vllm"]) is not self.modules["vllm"]:
+            raise RuntimeError("vllm was imported in this process after its preset loaded: stand-ins would shadow it")
+        sys.modules.update(self.modules)
+
+    def __exit__(self, *exc):
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]
+
+
+_VLLM_LOADED: dict = {}
+
+
+def _vllm_modules() -> dict:
+    """The kept files of the pinned vLLM loaded under their own module names (so that their imports of each
+    other resolve), with _vllm_stand_ins for the rest of vLLM; once per process (their torch ops are
+    registered once). The files come from CACHE/vllm-<version>/, fetched at first use."""
+    if _VLLM_LOADED:
+        return _VLLM_LOADED
+    if "vllm" in sys.modules:
+        raise Missing("vllm is imported in this process: its kept files load beside stand-ins in a process without it")
+    root = CACHE / VLLM
+    if not all((root / name).is_file() for name in VLLM_FILES):
+        fetch_vllm(CACHE)
+    if not all((root / name).is_file() for name in VLLM_FILES):
+        raise Missing(f"{VLLM}'s DeepSeek-V4 modules are not in {root}: `python -m dsrope_gate.presets fetch`")
+    modules: dict = {}
+    modules |= _vllm_stand_ins(modules)
+    with _VllmImports(modules):
+        for name in VLLM_FILES:
+            dotted = name.removesuffix(".py").replace("/", ".")
+            modules[dotted] = load_module(dotted, root / name)
+    _VLLM_LOADED.update(modules)
+    return _VLLM_LOADED
+
+
+def _cos_sin_cache(cos, sin):
+    """Our tables as vLLM's FP32 cos_sin_cache, one row per token (b, s): [B*S, R], row t = the R/2 cos
+    of token t's pairs, then their R/2 sin."""
+    import torch
+
+    rotary = cos.shape[-1]
+    rows = cos.shape[0] * cos.shape[1]
+    return torch.cat((_half(cos), _half(sin)), -1).float().reshape(rows, rotary).contiguous()
+
+
+def vllm_preset():
+    """Two Triton kernels of vLLM's DeepSeek-V4, loaded from the release's wheel (_vllm_modules: the
+    q-norm module's import of vllm.triton_utils for tl and triton is given triton itself; its call-time
+    import of the FP8 kv-cache insert and the inverse rope's imports of vLLM's runtime get the stand-ins
+    _vllm_stand_ins lists), each called through its own launch function on a token-major copy of x as
+    their [T, H, D] (T = B*S tokens), with our tables as their cos_sin_cache (_cos_sin_cache: token t
+    reads row t, positions = arange(T)):
+
+    xpu_qnorm_rope_kv_fp8_insert(q, kv, swa_kv_cache, slot_mapping, positions, cos_sin_cache, eps,
+    block_size) normalizes each head of q in place (no weight) and rotates its last 64 channels as
+    interleaved (GPT-J) pairs; its kernel's shape is the module's constants, head_dim 512 and rope_dim 64:
+    other D or R are refused before launch. Its one launch also runs one program per token that rotates
+    kv into a buffer of its own for the FP8 kv-cache insert: it gets zeros as kv (a [T, 512] tensor of
+    x's dtype, read by those programs only), a [1, 0] uint8 swa_kv_cache, slot_mapping = positions and
+    block_size 1, and the insert that follows is a stand-in that inserts nothing (_vllm_stand_ins). No
+    program of the kv part reads or writes q, so q's bits are the q part's alone.
+
+    fused_inv_rope_fp8_quant(o, positions, cos_sin_cache, n_groups=1, heads_per_group=H, nope_dim=D-R,
+    rope_dim=R, quant_group_size=128, quantize=False) is the inverse rope on the attention output, the
+    path vLLM runs when wo_a is not FP8 (its o_proj: quantize=use_fp8): no FP8 quantisation, the rotated
+    heads stored in x's dtype, [T, 1, H*D]. It rotates each pair (a, b) of the trailing R channels by the
+    conjugate of the cache's angle, (a*c + b*s, b*c - a*s); given our sin negated it is the contract's
+    rotation (a*c - b*s, a*s + b*c), each product and sum the same FP32 operation (negation is exact).
+    Its kernel loads whole heads (tl.arange over D): D a power of two and a multiple of 128, else refused
+    before launch. On a GPU of compute capability 9 or more its kernel takes its launch_pdl path
+    (programmatic dependent launch's waits), as vLLM's CUDA platform decides there (the interpreter:
+    without, as vLLM's CPU platform).
+
+    Both are forward only (the results carry no grad_fn)."""
+    import torch
+
+    modules = _vllm_modules()
+    qnorm = modules["vllm.models.deepseek_v4.xpu.xpu_qnorm_rope_kv_fp8_insert"]
+    inverse = modules["vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant"]
+
+    def qnorm_rotate(x, cos, sin, rotary, eps):
+        b, h, s, d = x.shape
+        if (d, rotary) != (qnorm.HEAD_DIM, qnorm.ROPE_DIM):
+            raise ValueError(
+                f"x, rotary: their kernel is built for head_dim {qnorm.HEAD_DIM} and rope_dim {qnorm.ROPE_DIM} "
+                f"(module constants), got D={d}, R={rotary}"
+            )
+        q = _token_major_copy(x).view(b * s, h, d)
+        positions = torch.arange(b * s, device=x.device)
+        kv = torch.zeros(b * s, d, dtype=x.dtype, device=x.device)
+        swa_kv_cache = torch.empty(1, 0, dtype=torch.uint8, device=x.device)
+        cache = _cos_sin_cache(cos, sin)
+        with _VllmImports(modules):
+            qnorm.xpu_qnorm_rope_kv_fp8_insert(q, kv, swa_kv_cache, positions, positions, cache, eps, 1)
+        return q.view(b, s, h, d).transpose(1, 2)
+
+    def rotate(x, cos, sin, rotary):
+        b, h, s, d = x.shape
+        if d & (d - 1) or d % 128:
+            raise ValueError(f"x: their kernel loads whole heads, D a power of two and a multiple of 128, got D={d}")
+        o = _token_major_copy(x).view(b * s, h, d)
+        positions = torch.arange(b * s, device=x.device)
+        with _VllmImports(modules):
+            out, _ = inverse.fused_inv_rope_fp8_quant(
+                o, positions, _cos_sin_cache(cos, -sin), n_groups=1, heads_per_group=h, nope_dim=d - rotary,
+                rope_dim=rotary, quant_group_size=128, quantize=False,
+            )  # fmt: skip
+        return out.reshape(b, s, h, d).transpose(1, 2)
+
+    return [
+        Implementation("vllm:xpu_qnorm_rope_kv_fp8_insert", QNORM_ROPE, qnorm_rotate, offsets_32bit=True),
+        Implementation("vllm:fused_inv_rope_fp8_quant(quantize=False,-sin)", PARTIAL_ROPE, rotate),
+    ]
+
+
+def vllm_table_builders() -> list[TableBuilder]:
+    """DeepSeek-V4's rope tables as vLLM builds them: build_deepseek_v4_rope(config, head_dim,
+    rope_head_dim=R, max_position_embeddings, compress_ratio) gives a DeepseekV4ScalingRotaryEmbedding
+    whose cos_sin_cache (FP32 [rows, R]: the R/2 cos of a position's pairs, then their R/2 sin) the q
+    path reads at each token's position. The config it reads is ours: rope_tables(positions, R, theta,
+    None) is a main (sliding-window) layer, compress_ratio 1, rope_theta = theta; with rope_scaling it is
+    a compress layer, compress_ratio 4, compress_rope_theta = theta, rope_parameters = {"rope_type":
+    "yarn", **rope_scaling}; max_position_embeddings is DeepSeek-V4's, 2**20. Their mapping then applies:
+    YaRN on compress layers only, a factor-1 YaRN ("deepseek_yarn", original length 2**20, beta_fast and
+    beta_slow at their defaults 32 and 1) on main layers, mscale and mscale_all_dim forced to 0 (no
+    attention factor: 1.0 whatever rope_scaling says). The cache is built on the positions' device, as
+    vLLM builds its model under its target device, over all its rows (2**20 * factor; positions past them
+    are refused); the last one built is kept for the next call."""
+    import torch
+
+    modules = _vllm_modules()
+    build = modules["vllm.models.deepseek_v4.common.rope"].build_deepseek_v4_rope
+    built: dict = {}
+
+    def rope_tables(positions, rotary, theta, rope_scaling=None):
+        key = (rotary, float(theta), tuple(sorted((rope_scaling or {}).items())), str(positions.device))
+        if key not in built:
+            built.clear()  # one cache of 2**20 rows at a time
+            config = types.SimpleNamespace(
+                rope_theta=theta, compress_rope_theta=theta,
+                rope_parameters={"rope_type": "yarn", **rope_scaling} if rope_scaling else {"rope_type": "default"},
+            )  # fmt: skip
+            with torch.device(positions.device), _VllmImports(modules):
+                embedding = build(
+                    config, head_dim=max(512, rotary), rope_head_dim=rotary,
+                    max_position_embeddings=DEEPSEEK_V4_MAX_POSITIONS, compress_ratio=4 if rope_scaling else 1,
+                )  # fmt: skip
+            built[key] = embedding.cos_sin_cache
+        cache = built[key]
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= cache.shape[0]):
+            raise ValueError(f"positions: their cache holds positions 0 to {cache.shape[0] - 1}")
+        rows = cache[positions]
+        return _our_tables(rows[..., : rotary // 2], rows[..., rotary // 2 :])
+
+    return [TableBuilder("vllm:DeepseekV4ScalingRotaryEmbedding.cos_sin_cache", rope_tables)]
+
+
 # --- the registry --------------------------------------------------------------------------------------------
 
 PRESETS = {
@@ -494,42 +940,86 @@ PRESETS = {
     "nemo-automodel": nemo_preset,
     "flash-attn": flash_attn_preset,
     "megatron-core": megatron_preset,
+    "vllm": vllm_preset,
 }
 
 
-def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
-    """The implementations of each named preset ('all': every one) for `ops` (op names; None: both); a
-    preset that cannot load is skipped with its reason."""
-    chosen = list(PRESETS) if "all" in names else list(dict.fromkeys(names))
-    unknown = [n for n in chosen if n not in PRESETS]
+TABLE_BUILDERS = {
+    "transformers": transformers_table_builders,
+    "vllm": vllm_table_builders,
+}
+
+
+def _each_preset(registry: dict, names, progress) -> list:
+    """What registry[preset] gives for each of `names` ('all': every preset of the registry): `NAME` (its
+    pinned release) or `NAME@VERSION` (one of releases(NAME)), the entries of a named version renamed
+    `NAME@VERSION:...`. A preset that cannot load is skipped with its reason; a release that conflicts
+    with one already imported in this process raises VersionConflict."""
+    chosen = list(registry) if "all" in names else list(dict.fromkeys(names))
+    unknown = [n for n in chosen if n.partition("@")[0] not in registry]
     if unknown:
-        raise ValueError(f"--preset: unknown {unknown}; known: {', '.join(PRESETS)} or all")
+        raise ValueError(f"--preset: unknown {unknown}; known: {', '.join(registry)} (NAME or NAME@VERSION) or all")
+    for spec in chosen:
+        preset, _, at = spec.partition("@")
+        if at and at not in releases(preset):
+            pinned = ", ".join(f"{preset}@{v}" for v in releases(preset)) or f"{preset} (no pinned release)"
+            raise ValueError(f"--preset {spec}: not a pinned release; pinned: {pinned}")
     found = []
-    for name in chosen:
+    for spec in chosen:
+        preset, _, at = spec.partition("@")
+        beside = at and at != releases(preset)[0]  # a release pinned beside the installed one
         try:
-            entries = PRESETS[name]()
+            if len(releases(preset)) > 1:
+                use_release(preset, at or None)
+            entries = registry[preset](at) if beside else registry[preset]()
+        except VersionConflict:
+            raise
         except Missing as e:
-            progress(f"preset {name} skipped: {e}")
+            progress(f"preset {spec} skipped: {e}")
             continue
         except Exception as e:  # a peer release that no longer imports: say so, judge the others
-            progress(f"preset {name} skipped: it does not load ({type(e).__name__}: {e})")
+            progress(f"preset {spec} skipped: it does not load ({type(e).__name__}: {e})")
             continue
-        found += [impl for impl in entries if ops is None or impl.op.name in ops]
+        if at:
+            entries = [replace(e, name=e.name.replace(f"{preset}:", f"{spec}:", 1)) for e in entries]
+        found += entries
     return found
+
+
+def load(names, device: str, ops=None, progress=print) -> list[Implementation]:
+    """The implementations of each named preset (`NAME`, `NAME@VERSION` or 'all': every NAME) for `ops`
+    (op names; None: every op); a preset that cannot load is skipped with its reason. A release pinned
+    beside the installed one (transformers@5.23.0) is put first on sys.path before its package is
+    imported; in a process that has imported another release of that package, VersionConflict. Presets
+    loaded after it in the same process that import its package get that release too: a release pinned
+    beside the installed one is loaded alone, in a process of its own."""
+    return [impl for impl in _each_preset(PRESETS, names, progress) if ops is None or impl.op.name in ops]
+
+
+def table_builders(names, progress=print) -> list[TableBuilder]:
+    """The rope table builders (TableBuilder) of each named preset of TABLE_BUILDERS, named as for load."""
+    return _each_preset(TABLE_BUILDERS, names, progress)
 
 
 def fetch(folder: Path) -> None:
     """The pinned releases as files for an offline GPU host: the wheels of veomni and nemo-automodel, the
-    one sglang module, flash-attn's rotary.py and megatron-core's fused_mla_yarn_rope_apply.py (transformers
-    is not fetched: the GPU hosts have it installed)."""
+    one sglang module, flash-attn's rotary.py, megatron-core's fused_mla_yarn_rope_apply.py, vLLM's kept
+    files (vllm-<version>/) and the wheel of each release pinned beside the installed one in its own folder
+    (transformers-5.23.0/: installed into that folder at first use; not among the top-level wheels, which
+    a host installs together; the pinned transformers is not fetched: the GPU hosts have it installed)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("veomni", "nemo-automodel"):
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(folder), PINS[name]])
+    for key in [k for k in PINS if "@" in k]:
+        package, _, at = key.partition("@")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
+        subprocess.run(cmd + ["-d", str(folder / f"{package}-{at}"), PINS[key]])
     sglang = folder / release("sglang") / SGLANG_MODULE
     sglang.parent.mkdir(parents=True, exist_ok=True)
     sglang.write_bytes(Path(_sglang_module().__file__).read_bytes())
     fetch_flash_attn(folder)
     fetch_megatron(folder)
+    fetch_vllm(folder)
     print(f"wrote {folder}: {sorted(p.name for p in folder.iterdir())}")
 
 

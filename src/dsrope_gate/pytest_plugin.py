@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 MARKER = "conforms(op, *, semantics=None, dtypes=None, backward=True, examples=24, golden=True, seed=0, "
-MARKER += "in_place=False, isolate=False, accept=()): the test returns an implementation of op; "
-MARKER += "dsrope_gate.testing.assert_conforms judges it"
+MARKER += "in_place=False, isolate=False, accept=(), contract='two-boundaries'): the test returns an implementation "
+MARKER += "of op; dsrope_gate.testing.assert_conforms judges it"
 
 
 def pytest_configure(config):

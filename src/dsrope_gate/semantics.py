@@ -24,6 +24,11 @@ Rotation (both ops; pairs of the trailing R channels unless said)
                    error model, other bits; the H200's contraction of dsrope's and the peers' kernels)
   bf16-tables      the contract's rotation with cos and sin rounded to bf16 first, whatever x.dtype (a
                    trainer's rope cache kept in the model's bf16: prime-rl PR 3584, vllm-project/vllm#48304)
+  dtype-math       the rotation computed in x.dtype, as a hand-written rope on x.dtype tensors runs: cos and
+                   sin cast to x.dtype, each product and the sum computed in FP32 and rounded to x.dtype
+                   (fp32 inputs: the contract's rotation; after fp32-through each product of the FP32 row
+                   is computed in FP32 and stored in x.dtype). Named for the dtype, not bf16: fp16 inputs
+                   compute in fp16
   rotary-factor-twice  the partial rotary factor R/D applied to the rope slice again (Megatron-Bridge PR
                    4271): R' = R*R/D channels (even, rounded down; DSV4: 8 of 64) rotated, the leading R'
                    of the trailing R, as interleaved pairs with the table's first R'/2 entries; the other
@@ -34,6 +39,10 @@ Backward (qnorm_rope)
   two-boundaries   autograd through the contract's eager chain: the de-rotated gradient is rounded to
                    x.dtype (boundary 2) before the RMSNorm backward
   no-boundary-2    the de-rotated gradient stays FP32 into the RMSNorm backward; dx rounded once
+  every-op-rounded autograd through the official eager q norm on x.dtype tensors: torch's derivative
+                   formulas (mul, rsqrt's -0.5 * grad * result.pow(3), mean's grad / D, pow's grad * 2x, the
+                   two gradients of x summed), every op's FP32 result rounded to x.dtype
+  bf16-tables      the contract's backward (two-boundaries) with cos and sin rounded to bf16 first
 The backward of partial_rope is the rotation by the conjugate table (sine negated): the rotation labels.
 
 A qnorm_rope forward emulation is a norm label with a rotation label, named "norm+rotation"; the
@@ -57,25 +66,28 @@ ROTATIONS = (
     "fma-rotation",
     "bf16-tables",
     "rotary-factor-twice",
+    "dtype-math",
 )
 NORMS = ("two-boundaries", "fp32-through", "rounded-rstd", "every-op-rounded")
-BACKWARDS = ("two-boundaries", "no-boundary-2")
+BACKWARDS = ("two-boundaries", "no-boundary-2", "every-op-rounded", "bf16-tables")
 # One line per label: the report's and --help's definitions (the module docstring says more).
 LABELS = {
     "two-boundaries": "the contract: the normalized row rounded to x.dtype before the rotation (forward); the "
     "de-rotated gradient rounded before the RMSNorm backward (backward)",
     "fp32-through": "boundary 1 missing: the FP32 normalized row goes into the rotation unrounded",
     "rounded-rstd": "1/sqrt(mean(x^2)+eps) rounded to x.dtype, then x times it in x.dtype",
-    "every-op-rounded": "the official eager q norm on x.dtype tensors: every op's result rounded to x.dtype",
+    "every-op-rounded": "the official eager q norm on x.dtype tensors: every op's result rounded to x.dtype "
+    "(backward: autograd through it)",
     "no-boundary-2": "backward: the de-rotated gradient stays FP32 into the RMSNorm backward",
     "interleaved": "the contract: pairs (D-R+2k, D-R+2k+1), FP32 math, one round-to-nearest-even store",
     "half-split": "rotate_half pairing inside the trailing R channels (D-R+k with D-R/2+k)",
     "leading-channels": "interleaved pairs in the leading R channels instead of the trailing ones",
     "truncating-store": "the contract's FP32 values stored with truncation toward zero",
     "fma-rotation": "each lane's product fused into the add (a GPU compiler's contraction; inside the model)",
-    "bf16-tables": "cos and sin rounded to bf16 before the rotation",
+    "bf16-tables": "cos and sin rounded to bf16 before the rotation (backward: the de-rotation's tables too)",
     "rotary-factor-twice": "the partial rotary factor applied twice: only the leading R*R/D channels of the rope "
     "slice turn",
+    "dtype-math": "the rotation in x.dtype: cos and sin cast to it, each product and the sum rounded to it",
 }
 
 
@@ -91,6 +103,11 @@ def truncate(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(too_far & v.isfinite(), torch.nextafter(r, torch.zeros_like(r)), r)
 
 
+def stored(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An FP32 result stored in dtype (round to nearest even), held in FP32: one op of an x.dtype chain."""
+    return v.to(dtype).float()
+
+
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """fl32(a*b + c) for FP32 a, b, c, rounded once: a*b is exact in FP64, TwoSum makes the sum exact."""
     hi, lo = two_sum(a.double() * b.double(), c.double())
@@ -100,9 +117,12 @@ def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 # --- rotations ----------------------------------------------------------------------------------------
 
 
-def rotate_fp32(y: torch.Tensor, cos, sin, rotary: int, label: str = "interleaved") -> torch.Tensor:
+def rotate_fp32(
+    y: torch.Tensor, cos, sin, rotary: int, label: str = "interleaved", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """y FP32 [B, H, S, D] with its rotary pairs rotated per `label` in FP32, not stored (autograd flows
-    through it): the one eager rotation of the gate. cos/sin FP32 [B, S, >= R/2], entry k pair k's."""
+    through it): the one eager rotation of the gate. cos/sin FP32 [B, S, >= R/2], entry k pair k's. `dtype`
+    is the input's, which dtype-math computes in (each result rounded to it, held in FP32)."""
     d = y.shape[-1]
     start = 0 if label == "leading-channels" else d - rotary
     if label == "rotary-factor-twice":  # R/D of the rope slice again: its leading R*R/D channels turn
@@ -111,12 +131,17 @@ def rotate_fp32(y: torch.Tensor, cos, sin, rotary: int, label: str = "interleave
     c, s = cos[..., :half].float()[:, None], sin[..., :half].float()[:, None]
     if label == "bf16-tables":
         c, s = c.bfloat16().float(), s.bfloat16().float()
+    if label == "dtype-math":  # the tables cast to x.dtype; below, every op's FP32 result rounded to it
+        c, s = c.to(dtype).float(), s.to(dtype).float()
     if label == "half-split":
         a, b = y[..., start : start + half], y[..., start + half : start + rotary]
     else:
         a, b = y[..., start : start + rotary : 2], y[..., start + 1 : start + rotary : 2]
     if label == "fma-rotation":  # each lane's own value times cos fused: x*cos + rotate(x)*sin contracted
         first, second = fma32(a, c, -(b * s)), fma32(b, c, a * s)
+    elif label == "dtype-math":
+        ac, bs, as_, bc = (stored(p * q, dtype) for p, q in ((a, c), (b, s), (a, s), (b, c)))
+        first, second = stored(ac - bs, dtype), stored(as_ + bc, dtype)
     else:
         first, second = a * c - b * s, a * s + b * c
     if label == "half-split":
@@ -129,7 +154,7 @@ def rotate_fp32(y: torch.Tensor, cos, sin, rotary: int, label: str = "interleave
 def rotate(y: torch.Tensor, cos, sin, rotary: int, label: str, dtype: torch.dtype) -> torch.Tensor:
     """y FP32 [B, H, S, D] rotated per `label` and stored into dtype; the channels the label does not
     rotate are y rounded to nearest (exact where y already holds dtype values)."""
-    out = rotate_fp32(y, cos, sin, rotary, label)
+    out = rotate_fp32(y, cos, sin, rotary, label, dtype)
     if label == "truncating-store":
         start = y.shape[-1] - rotary
         return torch.cat((y[..., :start].to(dtype), truncate(out[..., start:], dtype)), -1).contiguous()
@@ -181,14 +206,37 @@ def rope_backward(rotation: str):
     return emulate
 
 
+def every_op_rounded_backward(x, cos, sin, rotary: int, eps: float, grad) -> torch.Tensor:
+    """dx of autograd through the official eager q norm on x.dtype tensors and the FP32 rotation, as a GPU
+    runs it: torch's derivative formulas op by op, each op computed in FP32 and stored in x.dtype (written
+    out: torch's CPU bf16 rsqrt of a short tensor rounds sqrt first, a GPU does not)."""
+    dtype, xf = x.dtype, x.float()
+    square = stored(xf * xf, dtype)
+    mean = stored(square.mean(-1, keepdim=True), dtype)
+    rs = stored(torch.rsqrt(stored(mean + eps, dtype)), dtype)
+    gy = stored(rotate_fp32(grad.float(), cos, -sin, rotary), dtype)  # the cast's backward: boundary 2
+    g_rs = stored(stored(gy * xf, dtype).sum(-1, keepdim=True), dtype)  # mul's gradient, summed to rs's shape
+    cube = stored(stored(rs * rs, dtype) * rs, dtype)  # result.pow(3): torch's base * base * base in x.dtype
+    gz = stored(stored(-0.5 * g_rs, dtype) * cube, dtype)  # rsqrt: -0.5 * grad * result.pow(3)
+    gq = stored(gz / x.shape[-1], dtype)  # mean: grad.expand() / D
+    dx_square = stored(gq * stored(2 * xf, dtype), dtype)  # pow(x, 2): grad * (2 * x)
+    dx_mul = stored(gy * rs, dtype)
+    return (dx_mul + dx_square).to(dtype).contiguous()
+
+
 def qnorm_backward(label: str):
     """Autograd through F.rms_norm (in x.dtype, or FP32 for no-boundary-2), the FP32 interleaved
-    rotation and the cast to x.dtype."""
+    rotation and the cast to x.dtype (bf16-tables: on tables rounded to bf16); every-op-rounded:
+    every_op_rounded_backward."""
 
     def emulate(x, cos, sin, rotary, eps, grad):
+        if label == "every-op-rounded":
+            return every_op_rounded_backward(x, cos, sin, rotary, eps, grad.expand(x.shape))
+        if label == "bf16-tables":
+            cos, sin = cos.bfloat16().float(), sin.bfloat16().float()
         xg = x.detach().clone().requires_grad_()
         d = x.shape[-1]
-        if label == "two-boundaries":
+        if label in ("two-boundaries", "bf16-tables"):
             y = F.rms_norm(xg, (d,), eps=eps).float()  # the upcast's backward rounds g' to x.dtype
         else:
             y = F.rms_norm(xg.float(), (d,), eps=eps)

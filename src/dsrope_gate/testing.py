@@ -18,19 +18,20 @@ from __future__ import annotations
 import functools
 
 from dsrope_gate.conformance import EXAMPLES
-from dsrope_gate.ops import Op, op_named
+from dsrope_gate.ops import DEFAULT_CONTRACT, Op, op_named
 
 DIRECTIONS = ("forward", "backward")
 
 
 @functools.lru_cache(maxsize=8)
-def _prepared_cases(op_name: str, device: str, dtypes: tuple, examples: int, golden: bool, seed: int):
+def _prepared_cases(op_name: str, device: str, dtypes: tuple, examples: int, golden: bool, seed: int, contract: str):
     """The case set, with the reference computed; kept for the next assertion on the same set (the reference
     is most of an assertion's time). Every call gets fresh copies of the inputs (dsrope_gate.conformance.calling),
     so nothing an implementation does reaches them."""
     from dsrope_gate.conformance import collect_cases
 
-    cases, _ = collect_cases(op_named(op_name), examples, seed, None, golden=golden, dtypes=dtypes, device=device)
+    op = op_named(op_name)
+    cases, _ = collect_cases(op, examples, seed, None, golden=golden, dtypes=dtypes, device=device, contract=contract)
     return cases
 
 
@@ -62,13 +63,14 @@ def _check_labels(op: Op, wanted: list[str]) -> None:
         raise ValueError(f"semantics: unknown label(s) {unknown} for {op.name}; known: {sorted(known_labels(op))}")
 
 
-def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_place=False, isolate=False, accept=()):
+def _judge(fn, op: Op, device, dtypes, backward, examples, golden, seed, in_place=False, isolate=False, accept=(),
+           contract=DEFAULT_CONTRACT):  # fmt: skip
     from dsrope_gate.conformance import judge_target
     from dsrope_gate.conformance.isolation import TIMEOUT, Target
 
     if not callable(fn):
         raise TypeError(f"fn: expected the implementation to judge (a callable), got {fn!r}")
-    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)
+    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed, contract)
     name = getattr(fn, "__qualname__", repr(fn))
     target = Target(name, fn=fn if backward else _forward_only(fn), in_place=in_place)
     result, outputs = judge_target(target, op, cases, device, isolate, TIMEOUT, lambda msg: None, accept=accept)
@@ -96,11 +98,11 @@ def _first_violation_text(op: Op, direction: str, first: dict, prepared) -> list
     ]
 
 
-def _semantics_line(op: Op, record: dict, direction: str) -> str:
+def _semantics_line(op: Op, record: dict, direction: str, contract: str = DEFAULT_CONTRACT) -> str:
     from dsrope_gate.conformance.judging import semantics_text
 
-    contract = ", ".join(op.contract[direction].split("+"))
-    return f"Semantics read off the bits: {semantics_text(record)} (the contract: {contract})."
+    labels = ", ".join(op.labels(contract)[direction].split("+"))
+    return f"Semantics read off the bits: {semantics_text(record)} (the {contract} contract: {labels})."
 
 
 def _direction_failure(op: Op, direction: str, record: dict, prepared: dict, result: dict) -> list[str]:
@@ -130,7 +132,7 @@ def _direction_failure(op: Op, direction: str, record: dict, prepared: dict, res
         shown = "; ".join(f"{n['case']}: {n['status']} ({n['error']})" for n in record["not_run"][:4])
         more = f"; and {len(record['not_run']) - 4} more" if len(record["not_run"]) > 4 else ""
         lines.append(f"Not run: {shown}{more}")
-    lines.append(_semantics_line(op, record, direction))
+    lines.append(_semantics_line(op, record, direction, result["contract"]))
     return lines
 
 
@@ -148,6 +150,7 @@ def assert_conforms(
     in_place: bool = False,
     isolate: bool = False,
     accept: str | list[str] = (),
+    contract: str = DEFAULT_CONTRACT,
 ) -> dict:
     """Raise AssertionError unless `fn`, an implementation of `op` ("qnorm_rope": fn(x, cos, sin, rotary, eps),
     or "partial_rope": fn(x, cos, sin, rotary)), conforms to the contract in every direction judged: every
@@ -164,8 +167,10 @@ def assert_conforms(
     `isolate`: judge fn in a child process of its own (a crash or a hang fails the assertion instead of the
     test run; fn must then be importable by name, a module-level function). `accept`: the name(s) of known
     diagnoses (dsrope_gate.diagnoses.KNOWN) accepted knowingly: where one explains every element outside the
-    model of a direction, they do not fail it (any other element still does). Returns the conformance command's
-    result for fn (the JSON's record) when it passes."""
+    model of a direction, they do not fail it (any other element still does). `contract`: the contract judged
+    (dsrope_reference.contracts: "two-boundaries", the training chain's, "fp32-through", "every-op-rounded",
+    "bf16-tables"; docs/contract.md derives each). Returns the conformance command's result for fn (the JSON's
+    record) when it passes."""
     __tracebackhide__ = True  # pytest shows the message, not the gate's frames
     op = op_named(op)
     device = _device(device)
@@ -174,7 +179,9 @@ def assert_conforms(
     from dsrope_gate.diagnoses import check_accepted
 
     accepted = check_accepted([accept] if isinstance(accept, str) else list(accept))
-    result, _, prepared = _judge(fn, op, device, dtypes, backward, examples, golden, seed, in_place, isolate, accepted)
+    result, _, prepared = _judge(
+        fn, op, device, dtypes, backward, examples, golden, seed, in_place, isolate, accepted, contract
+    )
     name = result["impl"]
     failures = []
     for direction in DIRECTIONS:
@@ -191,7 +198,7 @@ def assert_conforms(
         if label not in read:
             failures.append(
                 f"Semantics: expected {label!r} in the {direction}; "
-                + (_semantics_line(op, record, direction) if record else "no backward (no grad_fn).")
+                + (_semantics_line(op, record, direction, contract) if record else "no backward (no grad_fn).")
             )
     if failures:
         raise AssertionError(f"{name} does not conform to {op.name} on {device}:\n" + "\n".join(failures))

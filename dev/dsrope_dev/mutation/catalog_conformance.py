@@ -8,6 +8,7 @@ from __future__ import annotations
 from dsrope_dev.mutation import (
     CALLING,
     CLI,
+    CONFORMANCE,
     DIAGNOSES,
     ISOLATION,
     JUDGING,
@@ -403,8 +404,8 @@ MUTANTS = [
         "_judge",
         "assert_conforms draws no case whatever `examples` asks",
         (
-            "    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed)",
-            "    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), 0, golden, seed)",
+            "    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), examples, golden, seed, contract)",
+            "    cases = _prepared_cases(op.name, device, tuple(dtypes or ()), 0, golden, seed, contract)",
         ),
     ),
     mutant(
@@ -497,6 +498,39 @@ MUTANTS = [
         (
             '["outside_model"]} if named in accept else None',
             '["outside_model"]} if accept else None',
+        ),
+    ),
+    # --- contracts as a parameter ----------------------------------------------------------------------------
+    mutant(
+        "conformance.contract_ignored_by_the_qnorm_reference",
+        OPS,
+        "_qnorm_reference",
+        "qnorm_rope's forward is judged against the two-boundaries model whatever contract is asked",
+        (
+            "    fwd = contracts.forward(x, cos, sin, case.rotary, case.eps, contract)\n",
+            "    fwd = contracts.forward(x, cos, sin, case.rotary, case.eps)\n",
+        ),
+    ),
+    mutant(
+        "conformance.contract_ignored_by_the_rope_reference",
+        OPS,
+        "_rope_reference",
+        "partial_rope is judged against the two-boundaries model whatever contract is asked",
+        (
+            '        "out": partial_rope(x, cos, sin, case.rotary, contract=contract),\n',
+            '        "out": partial_rope(x, cos, sin, case.rotary),\n',
+        ),
+    ),
+    mutant(
+        "conformance.golden_models_for_every_contract",
+        CONFORMANCE,
+        "golden_cases",
+        "the golden cases keep their stored two-boundaries models under another contract",
+        (
+            "        if contract != DEFAULT_CONTRACT:\n"
+            "            out.append(prepare(op, case, inputs, contract=contract))\n"
+            "            continue\n",
+            "",
         ),
     ),
 ]

@@ -5,7 +5,16 @@ project can ship: each of these is a realistic slip the suite must catch."""
 
 from __future__ import annotations
 
-from dsrope_dev.mutation import REF_FLOATS, REF_QNORM, REF_ROPE, REF_UTILS, mutant
+from dsrope_dev.mutation import (
+    REF_CONTRACTS,
+    REF_EVERY_OP,
+    REF_FLOATS,
+    REF_QNORM,
+    REF_ROPE,
+    REF_TABLES,
+    REF_UTILS,
+    mutant,
+)
 
 FLOATS = [
     mutant(
@@ -240,35 +249,35 @@ QNORM = [
     mutant(
         "reference.qnorm.no_overflow_band",
         REF_QNORM,
-        "forward",
+        "or_zero",
         "in the band where the FP32 sum may or may not overflow, y = 0 is not allowed",
-        ("    y_lo = torch.where(maybe_overflow[..., None], torch.minimum(y_lo, zero), y_lo)\n", ""),
+        ("    lo = torch.where(maybe_overflow[..., None], torch.minimum(lo, zero), lo)\n", ""),
     ),
     mutant(
         "reference.qnorm.no_subnormal_slack",
         REF_QNORM,
-        "forward",
+        "normalized_interval",
         "no slack where x * r falls in FP32's subnormal range",
         ("    rad = rad + torch.where((xr != 0) & (xr.abs() < TINY), TINY, 0.0)\n", ""),
     ),
     mutant(
         "reference.qnorm.backward_bound_halved",
         REF_QNORM,
-        "backward",
+        "rmsnorm_backward",
         "the backward's error bound B halved",
         ("bound = r * (delta * big_d + dd * (1 + delta))", "bound = 0.5 * r * (delta * big_d + dd * (1 + delta))"),
     ),
     mutant(
-        "reference.qnorm.backward_mean_over_rotary",
+        "reference.qnorm.backward_mean_over_d_minus_1",
         REF_QNORM,
-        "backward",
-        "the RMSNorm backward's mean divides by the rotary channels, not D",
-        ("m = exact_sum(g * xhat, keepdim=True) / d", "m = exact_sum(g * xhat, keepdim=True) / rotary"),
+        "rmsnorm_backward",
+        "the RMSNorm backward's mean divides by D - 1 (the unbiased variance's count), not D",
+        ("m = exact_sum(g * xhat, keepdim=True) / d", "m = exact_sum(g * xhat, keepdim=True) / (d - 1)"),
     ),
     mutant(
         "reference.qnorm.rstd_interval_not_fp32",
         REF_QNORM,
-        "forward",
+        "rstd_model",
         "the saved rstd's interval is not rounded out to FP32 values",
         ("round_nearest(r_rows - rad_r, torch.float32)", "r_rows - rad_r"),
     ),
@@ -311,4 +320,234 @@ UTILS = [
     ),
 ]
 
-MUTANTS = FLOATS + ROPE + QNORM + UTILS
+TABLES = [
+    mutant(
+        "reference.tables.extremes_at_the_ends_only",
+        REF_TABLES,
+        "extremes",
+        "the extremes of cos and sin over an angle interval are taken at its ends only, not at pi/2 multiples",
+        ("for k in range(first, min(last, first + 3) + 1):", "for k in range(first, first):"),
+    ),
+    mutant(
+        "reference.tables.critical_points_every_pi",
+        REF_TABLES,
+        "extremes",
+        "the critical points are sought at multiples of pi instead of pi/2",
+        ("quarter = mpmath.pi / 2", "quarter = mpmath.pi"),
+    ),
+    mutant(
+        "reference.tables.three_quarters_looked_at",
+        REF_TABLES,
+        "extremes",
+        "only three consecutive quarter points are looked at: an interval holding four misses an extreme",
+        ("min(last, first + 3)", "min(last, first + 2)"),
+    ),
+    mutant(
+        "reference.tables.sin_extremes_swapped",
+        REF_TABLES,
+        "extremes",
+        "sin reaches -1 at pi/2 and +1 at 3 pi/2",
+        ("elif k % 4 == 1:", "elif k % 4 == 3:"),
+    ),
+    mutant(
+        "reference.tables.no_ulp_allowance",
+        REF_TABLES,
+        "evaluated",
+        "cos and sin are allowed no error beyond the angle interval: the platform's ulps dropped",
+        ("w = ulps * ulp(max(abs(low), abs(high)))", "w = 0 * ulp(max(abs(low), abs(high)))"),
+    ),
+    mutant(
+        "reference.tables.half_ulp_allowance",
+        REF_TABLES,
+        "ulp",
+        "the FP32 ulp taken one bit too fine (half the allowance)",
+        ("mpmath.frexp(v)[1] - 24", "mpmath.frexp(v)[1] - 25"),
+    ),
+    mutant(
+        "reference.tables.zero_widened",
+        REF_TABLES,
+        "evaluated",
+        "an exact zero (sin at angle 0) is widened like any other value",
+        ("if low == high == 0:", "if False:"),
+    ),
+    mutant(
+        "reference.tables.angles_at_the_reference_frequency",
+        REF_TABLES,
+        "angle_model",
+        "the angle interval ignores the FP32 frequency's error: every bound from the correctly rounded frequency",
+        ("for f in (freqs.ref, freqs.lo, freqs.hi)", "for f in (freqs.ref, freqs.ref, freqs.ref)"),
+    ),
+    mutant(
+        "reference.tables.attention_factor_not_applied",
+        REF_TABLES,
+        "scaled",
+        "the declared attention factor does not scale the bounds",
+        ("    if factor == 1:\n        return lo, hi\n", "    return lo, hi\n"),
+    ),
+    mutant(
+        "reference.tables.attention_factor_exact",
+        REF_TABLES,
+        "scaled",
+        "the FP32 rounding of the attention factor is not allowed for",
+        ("ends = (a * (1 - mpmath.mpf(U)), a * (1 + mpmath.mpf(U)))", "ends = (a, a)"),
+    ),
+    mutant(
+        "reference.tables.reference_unscaled",
+        REF_TABLES,
+        "table_model",
+        "the reference value leaves the attention factor out",
+        ('_to_fp32(factor * exact[name], "n")', '_to_fp32(exact[name], "n")'),
+    ),
+    mutant(
+        "reference.tables.yarn_never_applies",
+        REF_TABLES,
+        "yarn_length",
+        "the exact frequencies are YaRN-corrected only past the original length, as rope_utils' max_seq_len rule",
+        ('return int(rope_scaling["original_max_position_embeddings"]) + 1', "return 1"),
+    ),
+]
+
+CONTRACTS = [
+    mutant(
+        "reference.contracts.bf16_tables_unrounded",
+        REF_CONTRACTS,
+        "bf16_tables",
+        "the bf16-tables contract keeps the FP32 tables (it becomes two-boundaries)",
+        (
+            'round_nearest(t.detach().to("cpu", torch.float64), torch.bfloat16).float()',
+            't.detach().to("cpu", torch.float64).float()',
+        ),
+    ),
+    mutant(
+        "reference.contracts.tables_rounded_to_fp16",
+        REF_CONTRACTS,
+        "bf16_tables",
+        "the bf16-tables contract rounds the tables to fp16",
+        ("torch.float64), torch.bfloat16)", "torch.float64), torch.float16)"),
+    ),
+    mutant(
+        "reference.contracts.unknown_name_is_the_default",
+        REF_CONTRACTS,
+        "contract_named",
+        "an unknown contract name judges against two-boundaries instead of being refused",
+        ("        raise ValueError(", "        return CONTRACTS[DEFAULT]\n        raise ValueError("),
+    ),
+    mutant(
+        "reference.qnorm.fp32_through_box_in_x_dtype",
+        REF_QNORM,
+        "forward_fp32_through",
+        "fp32-through's normalized row is rounded to x.dtype before the rotation (boundary 1 back)",
+        (
+            "round_down(xr - rad, torch.float32), round_up(xr + rad, torch.float32)",
+            "round_nearest(xr - rad, dtype), round_nearest(xr + rad, dtype)",
+        ),
+    ),
+    mutant(
+        "reference.qnorm.fp32_through_reference_sign",
+        REF_QNORM,
+        "forward_fp32_through",
+        "fp32-through's reference takes a*c + b*s for a pair's first output",
+        ("round_nearest(r_ * (a * c - b * s), dtype)", "round_nearest(r_ * (a * c + b * s), dtype)"),
+    ),
+    mutant(
+        "reference.qnorm.fp32_through_backward_boundary_2",
+        REF_QNORM,
+        "backward_fp32_through",
+        "fp32-through's backward takes the de-rotated gradient rounded to x.dtype (boundary 2 back)",
+        (
+            "    g = join(keep, ga * c + gb * s, -ga * s + gb * c)\n",
+            "    g = partial_rope(grad.detach(), cos, sin, rotary, inverse=True).ref\n",
+        ),
+    ),
+    mutant(
+        "reference.qnorm.fp32_through_backward_exact_derotation",
+        REF_QNORM,
+        "backward_fp32_through",
+        "fp32-through's backward allows no FP32 error in the de-rotation",
+        (
+            "dg = torch.maximum(derotated.hi - g, g - derotated.lo) + 2.0**-52 * g.abs()",
+            "dg = 2.0**-52 * g.abs()",
+        ),
+    ),
+]
+
+EVERY_OP = [
+    mutant(
+        "reference.every_op.mean_kept_fp32",
+        REF_EVERY_OP,
+        "fp32_mean",
+        "the mean of the squares is not rounded to x.dtype",
+        (
+            "    return ref, round_nearest(m_lo, dtype), round_nearest(m_hi, dtype)\n",
+            "    return total / d, m_lo, m_hi\n",
+        ),
+    ),
+    mutant(
+        "reference.every_op.no_reduction_error",
+        REF_EVERY_OP,
+        "fp32_mean",
+        "the FP32 mean is taken to be exact: no allowance for the reduction order",
+        ("    g = gamma(d + 2)\n", "    g = 0.0\n"),
+    ),
+    mutant(
+        "reference.every_op.exact_rsqrt",
+        REF_EVERY_OP,
+        "norm_stages",
+        "no allowance for a GPU's approximate rsqrt (rsqrtf, 2 ulp)",
+        (
+            "(1 - RHO) / torch.sqrt(z_hi), (1 + RHO) / torch.sqrt(z_lo)",
+            "1 / torch.sqrt(z_hi), 1 / torch.sqrt(z_lo)",
+        ),
+    ),
+    mutant(
+        "reference.every_op.rounded_once",
+        REF_EVERY_OP,
+        "stored",
+        "an op's result is rounded once into x.dtype, not through its FP32 result",
+        ("return round_nearest(round_nearest(v, F32), dtype)", "return round_nearest(v, dtype)"),
+    ),
+    mutant(
+        "reference.every_op.never_flushed",
+        REF_EVERY_OP,
+        "stored_interval",
+        "an FP32 result below 2^-126 is never flushed to zero",
+        ("    flushable = ((lo > 0) & (lo < TINY)) | ((hi < 0) & (hi > -TINY))\n", "    flushable = lo != lo\n"),
+    ),
+    mutant(
+        "reference.every_op.row_sum_of_unrounded_products",
+        REF_EVERY_OP,
+        "backward",
+        "the gradient of rs sums the products gy * x unrounded (autograd stores them in x.dtype first)",
+        (
+            "t = stored(gy_ref * x64, dtype), *stored_interval(*product_range(gy_lo, gy_hi, x64, x64), dtype)",
+            "t = gy_ref * x64, *product_range(gy_lo, gy_hi, x64, x64)",
+        ),
+    ),
+    mutant(
+        "reference.every_op.cube_rounded_once",
+        REF_EVERY_OP,
+        "cube",
+        "rs^3 is taken rounded once (torch's pow by 3 stores each of its two products)",
+        (
+            "twice = lambda r: stored(stored(r * r, dtype) * r, dtype)",
+            "twice = lambda r: stored(r * r * r, dtype)",
+        ),
+    ),
+    mutant(
+        "reference.every_op.square_gradient_without_the_2",
+        REF_EVERY_OP,
+        "backward",
+        "the gradient of x.square() is grad * x (the exponent dropped)",
+        ("    two_x = stored(2 * x64, dtype)\n", "    two_x = stored(x64, dtype)\n"),
+    ),
+    mutant(
+        "reference.every_op.mean_gradient_not_divided",
+        REF_EVERY_OP,
+        "backward",
+        "the mean's gradient is not divided by D",
+        ("    gq_ref = stored(gz_ref / d, dtype)\n", "    gq_ref = stored(gz_ref, dtype)\n"),
+        ("    q_lo, q_hi = gz_lo / d, gz_hi / d\n", "    q_lo, q_hi = gz_lo, gz_hi\n"),
+    ),
+]
+
+MUTANTS = FLOATS + ROPE + QNORM + UTILS + TABLES + CONTRACTS + EVERY_OP

@@ -4,7 +4,7 @@ not carry, tells a project the wrong thing about its code."""
 
 from __future__ import annotations
 
-from dsrope_dev.mutation import SEMANTICS, mutant
+from dsrope_dev.mutation import SEMANTICS, TABLES, mutant
 
 MUTANTS = [
     mutant(
@@ -110,6 +110,44 @@ MUTANTS = [
         ),
     ),
     mutant(
+        "semantics.dtype_math_tables_kept_fp32",
+        SEMANTICS,
+        "rotate_fp32",
+        "dtype-math keeps the FP32 tables (only the products and the sum are rounded)",
+        ("c, s = c.to(dtype).float(), s.to(dtype).float()", "c, s = c, s"),
+    ),
+    mutant(
+        "semantics.dtype_math_products_unrounded",
+        SEMANTICS,
+        "rotate_fp32",
+        "dtype-math rounds the sum only, not each product",
+        ("(stored(p * q, dtype) for p, q in", "(p * q for p, q in"),
+    ),
+    mutant(
+        "semantics.every_op_rounded_backward_cube_rounded_once",
+        SEMANTICS,
+        "every_op_rounded_backward",
+        "the every-op-rounded backward's rs^3 is rounded once (torch's pow by 3 stores each product)",
+        ("cube = stored(stored(rs * rs, dtype) * rs, dtype)", "cube = stored(rs**3, dtype)"),
+    ),
+    mutant(
+        "semantics.every_op_rounded_backward_sums_unrounded_products",
+        SEMANTICS,
+        "every_op_rounded_backward",
+        "the every-op-rounded backward sums gy * x unrounded for the gradient of rs",
+        (
+            "stored(stored(gy * xf, dtype).sum(-1, keepdim=True), dtype)",
+            "stored((gy * xf).sum(-1, keepdim=True), dtype)",
+        ),
+    ),
+    mutant(
+        "semantics.bf16_tables_backward_keeps_fp32_tables",
+        SEMANTICS,
+        "qnorm_backward.emulate",
+        "the bf16-tables backward de-rotates with the FP32 tables (it becomes two-boundaries)",
+        ("cos, sin = cos.bfloat16().float(), sin.bfloat16().float()", "cos, sin = cos, sin"),
+    ),
+    mutant(
         "semantics.no_boundary_2_rounds_the_gradient",
         SEMANTICS,
         "qnorm_backward.emulate",
@@ -166,5 +204,145 @@ MUTANTS = [
         "classify",
         "of labels that agree equally, only the first is named",
         ("chosen = [label for label in evidence[0] if mean[label] == best]", "chosen = [max(mean, key=mean.get)]"),
+    ),
+    # --- the rope tables' labels, classifier and judge (src/dsrope_gate/tables.py) ---
+    mutant(
+        "tables.contract_frequencies_by_negative_power",
+        TABLES,
+        "label_frequencies",
+        "the contract's frequencies as theta ** -e (another rounding) instead of 1 / theta ** e",
+        ("freqs = 1.0 / (theta**exponents)", "freqs = theta**-exponents"),
+    ),
+    mutant(
+        "tables.reciprocal_product_as_deepseek",
+        TABLES,
+        "label_frequencies",
+        "yarn-reciprocal-product interpolates with DeepSeek's f / factor",
+        ("interpolated = 1.0 / (factor * theta**exponents)", "interpolated = freqs / factor"),
+    ),
+    mutant(
+        "tables.untruncated_bounds_truncated",
+        TABLES,
+        "label_frequencies",
+        "yarn-untruncated floors and ceils the ramp's bounds too",
+        ('if choice != "yarn-untruncated":', "if True:"),
+    ),
+    mutant(
+        "tables.channel_ramp_by_pair",
+        TABLES,
+        "label_frequencies",
+        "yarn-channel-ramp indexes the ramp by the pair",
+        ('step = 2 if choice == "yarn-channel-ramp" else 1', "step = 1"),
+    ),
+    mutant(
+        "tables.half_clamp_at_full_width",
+        TABLES,
+        "label_frequencies",
+        "yarn-half-clamp clamps the high bound at d - 1",
+        ('top = rotary // 2 - 1 if choice == "yarn-half-clamp" else rotary - 1', "top = rotary - 1"),
+    ),
+    mutant(
+        "tables.tf32_twelve_bits",
+        TABLES,
+        "round_tf32",
+        "TF32 rounding keeps 12 significant bits",
+        ("q = torch.exp2(e.double() - 11)", "q = torch.exp2(e.double() - 12)"),
+    ),
+    mutant(
+        "tables.tf32_position_unrounded",
+        TABLES,
+        "_exact",
+        "tf32-angles rounds the frequency but not the position",
+        ("radians = round_tf32(p.to(torch.float32).double()) * ", "radians = p.to(torch.float32).double() * "),
+    ),
+    mutant(
+        "tables.fp64_angles_in_fp32",
+        TABLES,
+        "_exact",
+        "fp64-angles computes the frequencies and the angle in FP32",
+        ('dtype = torch.float64 if angle == "fp64-angles" else torch.float32', "dtype = torch.float32"),
+    ),
+    mutant(
+        "tables.emulation_without_ulps",
+        TABLES,
+        "_interval",
+        "a label's interval allows the platform's cos no ulp: only the correctly rounded value",
+        ("ulps * _fp32_ulp(exact) + 2.0**-50 * exact.abs()", "2.0**-50 * exact.abs()"),
+    ),
+    mutant(
+        "tables.bf16_cache_as_fp16",
+        TABLES,
+        "_interval",
+        "bf16-cache rounds to fp16",
+        ("v.float().bfloat16().double()", "v.float().half().double()"),
+    ),
+    mutant(
+        "tables.mscale_all_dim_default_one",
+        TABLES,
+        "label_amplitude",
+        "mscale-ratio takes 1 for an absent mscale_all_dim (HF's default is 0)",
+        ('rope_scaling.get("mscale_all_dim", 0)', 'rope_scaling.get("mscale_all_dim", 1)'),
+    ),
+    mutant(
+        "tables.mscale_log10",
+        TABLES,
+        "yarn_mscale",
+        "YaRN's mscale with log10 instead of ln",
+        ("0.1 * mscale * math.log(scale) + 1.0", "0.1 * mscale * math.log10(scale) + 1.0"),
+    ),
+    mutant(
+        "tables.agreement_accepts_nan",
+        TABLES,
+        "agreement",
+        "a NaN entry counts as inside a label's interval",
+        (
+            "float(((g >= interval.lo) & (g <= interval.hi)).double().mean())",
+            "float((~((g < interval.lo) | (g > interval.hi))).double().mean())",
+        ),
+    ),
+    mutant(
+        "tables.classify_prefers_the_most_choices",
+        TABLES,
+        "classify",
+        "of tied labels the classifier names those with the most choices off the contract",
+        ("fewest = min(len(parts(label)) for label in tied)", "fewest = max(len(parts(label)) for label in tied)"),
+    ),
+    mutant(
+        "tables.judge_checks_cos_only",
+        TABLES,
+        "judge_case",
+        "the verdict judges cos and never sin",
+        ('zip(("cos", "sin"), models, got, strict=True)', 'zip(("cos",), models, got)'),
+    ),
+    mutant(
+        "tables.judge_reads_the_second_half",
+        TABLES,
+        "judge_case",
+        "the judge reads entries R/2 .. R-1 (a duplicated table's copy) instead of the pairs' entries",
+        (
+            'got = [t[..., :half].detach().to("cpu", torch.float64) for t in out]',
+            'got = [t[..., half:].detach().to("cpu", torch.float64) for t in out]',
+        ),
+    ),
+    mutant(
+        "tables.cuda_allowances_everywhere",
+        TABLES,
+        "judge_case",
+        "the CUDA allowances (cos 2 ulp, pow 4 ulp) judge CPU tables too",
+        ("allowances = CUDA_ULPS if out[0].is_cuda else CPU_ULPS", "allowances = CUDA_ULPS"),
+    ),
+    mutant(
+        "tables.malformed_accepts_any_dtype",
+        TABLES,
+        "malformed",
+        "a table of another dtype (bf16) is judged as if it were FP32",
+        ("t.dtype != torch.float32 or ", ""),
+    ),
+    mutant(
+        "tables.refusal_conforms",
+        TABLES,
+        "TableVerdict.conforms",
+        "a refused case counts as conforming",
+        ("return not self.refused and self.outside == 0", "return self.outside == 0"),
     ),
 ]

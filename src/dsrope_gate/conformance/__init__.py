@@ -56,35 +56,38 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsrope_gate.conformance.isolation import TIMEOUT, Target
-from dsrope_gate.ops import DIRECTIONS, Op, op_named
+from dsrope_gate.ops import DEFAULT_CONTRACT, DIRECTIONS, Op, op_named
 
 EXAMPLES = 24  # hypothesis-drawn cases in the default case set (every entry point's: docs/judging.md)
 
 
 def collect_cases(op: Op, examples: int = EXAMPLES, seed: int = 0, golden_root: Path | None = None, progress=None,
-                  golden: bool = True, dtypes=None, device="cpu"):  # fmt: skip
+                  golden: bool = True, dtypes=None, device="cpu", contract: str = DEFAULT_CONTRACT):  # fmt: skip
     """(the prepared cases, a note on the golden inputs): the default case set of every entry point, the same
     for the command, assert_conforms, the pytest marker and the parity matrix: the canonical DeepSeek-V4/V3
     cases (of `dtypes`, default all three), the golden inputs (`golden`), one probe per layout class and
     `examples` cases drawn by hypothesis from `seed`. Inputs on `device` (the CPU where children judge: they
-    copy them onto theirs), each with its reference models, computed once."""
+    copy them onto theirs), each with its reference models under `contract`, computed once."""
     from dsrope_gate import case_sets
     from dsrope_gate.conformance.judging import prepare
 
     if examples < 0:
         raise ValueError(f"examples: expected a number of drawn cases >= 0, got {examples}")
+    op.labels(contract)  # a ValueError naming the contracts for an unknown one
     progress = progress or (lambda msg: None)
     progress("building cases; computing the reference")
     wanted = set(dtypes or ("bfloat16", "float16", "float32"))
-    made = [prepare(op, c, c.build(device)) for c in case_sets.canonical() if c.dtype in wanted]
-    gold, note = golden_cases(op, device, golden_root) if golden else ([], "golden inputs: not asked for")
-    made += gold + [prepare(op, c, c.build(device)) for c in case_sets.probes() + case_sets.sweep(op, examples, seed)]
+    made = [prepare(op, c, c.build(device), contract=contract) for c in case_sets.canonical() if c.dtype in wanted]
+    gold, note = golden_cases(op, device, golden_root, contract) if golden else ([], "golden inputs: not asked for")
+    drawn = case_sets.probes() + case_sets.sweep(op, examples, seed)
+    made += gold + [prepare(op, c, c.build(device), contract=contract) for c in drawn]
     progress(f"{len(made)} cases")
     return made, note
 
 
-def golden_cases(op: Op, device, root: Path | None):
-    """The golden store's cases for `op`: their stored inputs in their recorded layouts, their stored models."""
+def golden_cases(op: Op, device, root: Path | None, contract: str = DEFAULT_CONTRACT):
+    """The golden store's cases for `op`: their stored inputs in their recorded layouts, their stored models (the
+    default contract's; another contract's are computed from the stored inputs)."""
     from dsrope_reference.rope import Model
 
     from dsrope_gate import golden as store
@@ -100,6 +103,9 @@ def golden_cases(op: Op, device, root: Path | None):
             continue
         _, tensors = store.load_case(root, manifest, record["name"])
         case, inputs = store.laid_out_inputs(record, tensors, device)
+        if contract != DEFAULT_CONTRACT:
+            out.append(prepare(op, case, inputs, contract=contract))
+            continue
         models = {}
         for direction, stage in DIRECTIONS.items():
             m = store.decode_stage(f"{op.name}.{stage}", tensors)
@@ -160,7 +166,7 @@ def as_target(impl) -> Target:
     return Target(name, fn=fn)
 
 
-def run_meta(results, cases, examples, seed, note, isolate) -> dict:
+def run_meta(results, cases, examples, seed, note, isolate, contract=DEFAULT_CONTRACT) -> dict:
     """What a report says of the run: date, device, versions, the case set, whether it was isolated."""
     import datetime
 
@@ -177,39 +183,42 @@ def run_meta(results, cases, examples, seed, note, isolate) -> dict:
         "seed": seed,
         "golden": note,
         "isolated": isolate,
+        "contract": contract,
     }
 
 
 def judge_all(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, progress=print, each_case=None,
-              isolate=False, timeout=TIMEOUT, dtypes=None, accept=()):  # fmt: skip
+              isolate=False, timeout=TIMEOUT, dtypes=None, accept=(), contract=DEFAULT_CONTRACT):  # fmt: skip
     """Judge each implementation (a Target, or a (name, callable) pair) on `op` (an Op or its name), every one
     on the same cases (the default set). Returns (results as in the JSON, each implementation's outputs per
     case in the same order, the prepared cases, meta). `isolate`: each implementation in a spawned child of its
     own with `timeout` seconds per call (the reference stays here). `progress` gets a line per stage and per
     implementation, `each_case` (when given) one per case. `dtypes`: only the canonical cases of these.
-    `accept`: the names of diagnoses accepted knowingly (dsrope_gate.diagnoses)."""
+    `accept`: the names of diagnoses accepted knowingly (dsrope_gate.diagnoses). `contract`: the contract judged
+    (dsrope_reference.contracts: two-boundaries, fp32-through, every-op-rounded, bf16-tables)."""
     op = op_named(op)
     # judged in children, the inputs stay on the CPU here: this process never touches CUDA
     cases, note = collect_cases(
-        op, examples, seed, golden_root, progress, dtypes=dtypes, device="cpu" if isolate else device
-    )
+        op, examples, seed, golden_root, progress, dtypes=dtypes, device="cpu" if isolate else device,
+        contract=contract,
+    )  # fmt: skip
     results, outputs = [], []
     for impl in impls:
         result, out = judge_target(as_target(impl), op, cases, device, isolate, timeout, progress, each_case, accept)
         results.append(result)
         outputs.append(out)
-    return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate)
+    return results, outputs, cases, run_meta(results, cases, examples, seed, note, isolate, contract)
 
 
 def run(op, impls, device="cpu", examples=EXAMPLES, seed=0, golden_root=None, against_impl=None, progress=print,
-        each_case=None, isolate=False, timeout=TIMEOUT):  # fmt: skip
+        each_case=None, isolate=False, timeout=TIMEOUT, contract=DEFAULT_CONTRACT):  # fmt: skip
     """Judge each implementation on `op` (an Op or its name); with against_impl (a Target or (name, callable))
     compare each with it element by element. Returns (results as in the JSON, meta)."""
     from dsrope_gate.conformance.judging import against
 
     everyone = list(impls) + ([against_impl] if against_impl is not None else [])
     results, outputs, _, meta = judge_all(
-        op, everyone, device, examples, seed, golden_root, progress, each_case, isolate, timeout
+        op, everyone, device, examples, seed, golden_root, progress, each_case, isolate, timeout, contract=contract
     )
     if against_impl is not None:
         for result, out in zip(results[:-1], outputs[:-1], strict=True):

@@ -13,7 +13,7 @@ from dsrope_reference.rope import Model
 from dsrope_gate import semantics
 from dsrope_gate.cases import Case, Inputs
 from dsrope_gate.conformance import violations
-from dsrope_gate.ops import DIRECTIONS, Op
+from dsrope_gate.ops import DEFAULT_CONTRACT, DIRECTIONS, Op
 
 # A label is named where its emulation agrees best (ties together) with this share on every case.
 THRESHOLD = 0.999
@@ -29,6 +29,7 @@ class Prepared:
     inputs: Inputs
     models: dict = field(default_factory=dict)
     emulated: dict = field(default_factory=dict)
+    contract: str = DEFAULT_CONTRACT  # the contract the models are of (dsrope_reference.contracts)
 
     @property
     def recipe(self) -> str:
@@ -43,12 +44,13 @@ def describe(t: torch.Tensor) -> str:
     return f"shape {list(t.shape)} strides {list(t.stride())} offset {t.storage_offset()} {t.dtype}"
 
 
-def prepare(op: Op, case: Case, inputs: Inputs, models: dict | None = None) -> Prepared:
-    """The case with its reference models: given (a golden case's stored ones) or computed here."""
+def prepare(op: Op, case: Case, inputs: Inputs, models: dict | None = None, contract: str = DEFAULT_CONTRACT):
+    """The case with its reference models under `contract`: given (a golden case's stored ones, the default
+    contract's) or computed here."""
     if models is None:
-        stages = op.reference(case, inputs)
+        stages = op.reference(case, inputs, contract)
         models = {direction: stages[stage] for direction, stage in DIRECTIONS.items()}
-    return Prepared(case, inputs, models)
+    return Prepared(case, inputs, models, contract=contract)
 
 
 # --- one output against the reference ---------------------------------------------------------------------
@@ -187,7 +189,7 @@ def run_impl(name: str, caller, op: Op, cases: list[Prepared], device: str, prog
             directions["backward"]["not_run"].append({"case": case.name, "status": "raised", "error": result.error})
         if case.kind == "probe":
             layouts[case.name] = outcome if outcome != "ok" else "accepted"
-    res = {"impl": name, "op": op.name, "device": device}
+    res = {"impl": name, "op": op.name, "device": device, "contract": cases[0].contract if cases else DEFAULT_CONTRACT}
     if death is not None:
         res["death"] = {"verdict": death.verdict, "reason": death.reason, "case": death.case, "call": death.direction}
     for direction, record in directions.items():

@@ -26,6 +26,7 @@ def _fmt_share(v: float) -> str:
 
 def _header(meta: dict) -> str:
     return (
+        f"contract {meta.get('contract', 'two-boundaries')}; "
         f"{meta['date']}; device {meta['device']}; torch {meta['torch']}; triton {meta['triton']}; "
         f"{meta['cases']} cases per implementation ({meta['sweep']} drawn, seed {meta['seed']}); {meta['golden']}"
     )
