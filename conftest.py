@@ -18,7 +18,7 @@ pin_worker_to_gpu()
 import torch  # noqa: E402
 
 # One share of the host's cores per xdist worker. torch's default is every core in every process, and
-# the FP64 reference is CPU work in every worker (docs/gpu-runs.md: where the gate's time goes).
+# the FP64 reference is CPU work in every worker (docs/records/2026-12-03-h200-gpu-runs.md).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
 
@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 # Profiles (tests/test_properties.py): ci is derandomized (the same examples every run) and sized
 # to keep the property suite under 5 minutes on 2 cores; nightly searches (target phase on the
-# error in ULP) with 10,000 examples per property; gpu draws larger shapes (tests/strategies.py).
+# error in ULP) with 10,000 examples per property; gpu draws larger shapes (dsrope_gate.strategies).
 # `--hypothesis-profile NAME` (pytest, or `nox -s tests -- --hypothesis-profile NAME`) overrides
 # the default chosen here: the hypothesis plugin loads it after this file is imported.
 _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -50,7 +50,7 @@ settings.register_profile("ci", max_examples=50, **_fixed, **_common)
 settings.register_profile("dev", max_examples=100, **_common)
 settings.register_profile("nightly", max_examples=10_000, **_common)
 # gpu: every new (H, D, R, dtype) compiles kernels (~1 s each on the H200 host); at 100 examples
-# the whole gpu-tests run went past 330 s inside test_properties.py (docs/gpu-runs.md, 14:17 run).
+# the whole gpu-tests run went past 330 s inside test_properties.py (docs/records/2026-12-02-h200-gpu-runs.md).
 # No shrinking: on the GPU each shrink step recompiles and re-runs the FP64 model, and a failure
 # being shrunk ran the 16:19 gate past its timeout before it was reported. The first failing
 # example is reported as drawn, with its replay line (`note`), for shrinking elsewhere.
@@ -67,7 +67,8 @@ def pytest_configure(config):
 
 def _cost_rank(item) -> int:
     """On CUDA, the long tests first (the >2**31-element tests, then the property module, whose every
-    example launches kernels, and the tests that start Python processes: docs/gpu-runs.md), so that no
+    example launches kernels, and the tests that start Python processes:
+    docs/records/2026-12-04-h200-gpu-runs.md), so that no
     worker starts one when the others are done (on CPU the order is kept: the mutation gate runs the
     slow property module last on purpose)."""
     if item.get_closest_marker("slow"):

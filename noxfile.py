@@ -83,7 +83,8 @@ def pytest_args(session: nox.Session, junit: Path, default_workers: str) -> list
 
 def gpu_workers() -> str:
     """xdist workers for gpu-tests: Triton compiles and the FP64 reference are CPU work, so half the
-    host's cores (2 threads each, conftest.py), at most 8 (docs/gpu-runs.md: 8 on the H200's 16 cores)."""
+    host's cores (2 threads each, conftest.py), at most 8 (8 on the H200's 16 cores:
+    docs/records/2026-12-03-h200-gpu-runs.md)."""
     return str(max(1, min(8, (os.cpu_count() or 2) // 2)))
 
 

@@ -34,7 +34,7 @@ a row is not timed (dsrope_dev.peer_timing).
     python -m bench.bench --backward --peers         # forward+backward: every preset
     python -m bench.bench --decode --peers           # decode rows of ours and every peer
 
-The prefill and decode runs end with the project's targets (dsrope_dev.perf_targets, docs/perf.md
+The prefill and decode runs end with the project's targets (dsrope_dev.perf_targets, docs/performance.md
 Targets) checked on their rows: targets.md with a MISSED column, a summary line, exit status 1 when one is
 missed (--no-fail: 0).
 """
@@ -181,7 +181,8 @@ def _replayed_ms(fn):
     """fn captured once in a CUDA graph and the graph replayed under do_bench (median, ms): the GPU's time
     for fn's kernels, with do_bench's L2 flush before each replay as for the other prefill rows. The
     forward+backward rows are timed this way because the host's enqueue of a forward and its autograd
-    backward is within 1.4-2.8x of the GPU's work at 1 x 64 x 4096 (docs/decode.md, "the prefill row"), and
+    backward is within 1.4-2.8x of the GPU's work at 1 x 64 x 4096
+    (docs/records/2026-12-06-h100-decode-and-prefill-tuning.md), and
     host-driven samples there read 20-30% slow on unchanged kernels."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -381,7 +382,8 @@ def inplace(out, shapes, decode_shapes, versions, peers):
     (moves R), each peer's (theirs in place move R); Q norm + RoPE ours and each peer's (D). Every
     implementation gets both layouts (a peer that copies a layout it does not take pays for it: that is
     its cost on that layout); GB/s and share of copy on each one's bytes. A peer's adapter that runs an
-    in-place function on a copy (sglang, flash-attn) times the copy too: see docs/perf.md. No `shapes`: the
+    in-place function on a copy (sglang, flash-attn) times the copy too:
+    docs/records/2026-12-04-h200-inplace-and-peers-benchmark.md. No `shapes`: the
     decode rows only."""
     copy = copy_bandwidth() if shapes else float("nan")
     bandwidth = f", copy bandwidth {copy / 1e9:.0f} GB/s (read+write)" if shapes else ""

@@ -1,6 +1,6 @@
 """Host time per call of each layer of an eager call, with the Triton launch stubbed out.
 
-What a decode step pays on the CPU before the GPU sees a kernel (docs/perf.md, "Decode"): the
+What a decode step pays on the CPU before the GPU sees a kernel (docs/performance.md, "Host time per call"): the
 argument checks, the autograd.Function, the launcher (allocation, shape and stride reads, tile
 config, grid), and, when the kernels run through the custom op instead, the dispatcher. The
 kernels are replaced by a no-op stub, so every number is host time alone. Runs on CPU (tensors on

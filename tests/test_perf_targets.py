@@ -31,7 +31,7 @@ def past(limit, at_most=True):
 
 @pytest.mark.parametrize(("b", "h", "limit"), [(1, 64, 1.05 * 1.18), (8, 128, 1.05 * 1.20), (256, 128, 1.15)])
 def test_qnorm_decode_limit_is_the_floor_margin_or_the_copy_ratio(b, h, limit):
-    """max(1.15, 1.05 x the floor of docs/decode.md): 1.239 and 1.26 over the floor, 1.15 where the floor is
+    """max(1.15, 1.05 x the floor in docs/performance.md): 1.239 and 1.26 over the floor, 1.15 where the floor is
     below copy_ (B = 256, H = 128: 0.97)."""
     assert perf_targets.qnorm_decode_limit(b, h) == limit
     row = decode_row("qnorm_rope", b, h, limit)

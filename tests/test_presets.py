@@ -1,5 +1,5 @@
 """The peers' pinned releases, judged on CPU by the conformance command (dsrope_gate.presets): each
-verdict and semantics as measured when the presets were written (docs/conformance.md), so that a peer
+verdict and semantics as measured when the presets were written (docs/presets.md), so that a peer
 release, or a change of our classifier, that changes what they compute fails here with what changed.
 
 Presets that run on CPU: transformers (eager), sglang and sglang-batched (their Triton kernels in the
@@ -21,7 +21,7 @@ import pytest
 from dsrope_gate import conformance, presets, table_builders
 from dsrope_gate.inputs import ON_GPU
 
-pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU expectations; the H200's are in docs/conformance.md")
+pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU expectations; the H200's are in docs/parity.md")
 
 # preset -> result name -> (forward: verdict, semantics), (backward: verdict, semantics) or None (forward only)
 EXPECTED = {
@@ -46,7 +46,7 @@ EXPECTED = {
         "nemo-automodel:apply_complex_rope": (("conforms", ["interleaved"]), ("conforms", ["interleaved"])),
     },
     # partial: it refuses the drawn cases whose R/2 is not a power of two; its bf16 backward in the interpreter
-    # negates raw bf16 bits (docs/conformance.md)
+    # negates raw bf16 bits (docs/presets.md)
     "megatron-core": {
         "megatron-core:fused_apply_mla_rope_for_q": (("partial", ["interleaved"]), ("does not conform", [])),
     },
@@ -173,7 +173,7 @@ def test_sglang_batched_rope_writes_past_the_rotary_slice_when_r_is_not_a_power_
 
 def test_megatron_mla_rope_for_q_is_the_contracts_rotation_in_fp32_both_ways():
     """Megatron-Core's fused q rope (one module of its wheel): forward and backward bit for bit the
-    contract's in fp32 (its bf16 backward in the interpreter: docs/conformance.md)."""
+    contract's in fp32 (its bf16 backward in the interpreter: docs/presets.md)."""
     import torch
 
     from dsrope_gate.differential import eager_partial_rope, forward_backward

@@ -117,7 +117,7 @@ def test_fp32_ties_are_the_roundings_that_vanish(key):
 
 @pytest.mark.parametrize("key", KEYS, ids="-".join)
 def test_threshold_separates_every_pair_but_fma_and_interleaved_in_bf16(key):
-    """The DSV4 bf16 agreement matrix (docs/semantics.md): symmetric, 1 on the diagonal, every pair
+    """The DSV4 bf16 agreement matrix (semantics.agreement_matrix): symmetric, 1 on the diagonal, every pair
     below 0.999 except the rotations interleaved and fma-rotation under the same norm."""
     x, cos, sin, rotary, eps, grad = case(torch.bfloat16, "dsv4")
     matrix = agreement_matrix(SEMANTICS[key], x, cos, sin, rotary, eps, grad)

@@ -23,7 +23,7 @@ rejects the alternative functions (dropped, moved or doubled boundaries); this f
 independent chain and the bits.
 
 Mutants (tools/mutants.py) each test fails under, shown with
-`python -m tools.mutants --only NAME --tests test_vs_eager` (docs/mutants.md):
+`python -m tools.mutants --only NAME --tests test_vs_eager` (docs/development.md):
   test_qnorm_rope_matches_eager_chain     qnorm.boundary1_dropped (forward), qnorm.boundary2_dropped (backward)
   test_partial_rope_matches_eager_rotation  rope.forward_sine_sign (forward), rope.backward_sine_sign (backward)
   test_dsv4_shapes_match_eager_on_gpu     GPU only: the same mutants with `tools/mutants.py --gpu --all`

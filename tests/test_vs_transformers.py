@@ -33,7 +33,7 @@ docs/contract.md says), and transformers computes in its input's dtype with cos/
 bf16/fp16 is another function (test_transformers_in_its_input_dtype_is_another_function).
 
 Mutants (tools/mutants.py) each test fails under, shown with
-`python -m tools.mutants --only NAME --tests test_vs_transformers` (docs/mutants.md):
+`python -m tools.mutants --only NAME --tests test_vs_transformers` (docs/development.md):
   test_interleaved_matches_transformers_interleave  utils.kernel_conjugate_table (kernel),
                                                     utils.eager_interleaved_pairs_halves (eager)
   test_qk_fused_matches_transformers                rope.forward_sine_sign

@@ -1,7 +1,7 @@
 """Compile every Triton specialization of the GPU suite once, before its xdist workers start.
 
-Why: on the H200 host most of `nox -s gpu-tests` is Triton compiling (docs/gpu-runs.md: 375 of 662
-worker-seconds), and the 8 workers start the same tests at once, so they compile the same
+Why: on the H200 host most of `nox -s gpu-tests` is Triton compiling (375 of 662 worker-seconds:
+docs/records/2026-12-04-h200-gpu-runs.md), and the 8 workers start the same tests at once, so they compile the same
 specializations side by side. Compiled once each, in a process pool on every core, into Triton's
 disk cache, the workers then find every kernel there.
 

@@ -3,7 +3,7 @@
 A target is a limit on one number of one bench row: at most (a ratio of times) or at least (a share of
 copy bandwidth). A row at its limit meets it; one past it, or a number that was not measured (NaN), is
 MISSED. The bench prints every target with a MISSED column and a summary line, and exits 1 when one is
-missed (docs/perf.md, Targets). Decode ratios are under CUDA graph replay, against a `copy_` of the same
+missed (docs/performance.md, Targets). Decode ratios are under CUDA graph replay, against a `copy_` of the same
 bytes timed in the same run; prefill shares are of the copy bandwidth measured in the same run.
 """
 

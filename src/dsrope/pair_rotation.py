@@ -39,7 +39,8 @@ def swap_pairs(t, M: tl.constexpr, BLOCK: tl.constexpr):
 
     A pair partner loaded a second time from memory is a gather: one scalar load and one 64-bit
     address per lane, which cost the QNorm backward most of its issue slots and registers (SASS for
-    sm_90: 64 of its 98 loads per thread at 8 rows, docs/perf.md). A split and a join stay in registers.
+    sm_90: 64 of its 98 loads per thread at 8 rows, docs/records/2026-12-02-h200-benchmark.md). A split and
+    a join stay in registers.
     """
     first, second = tl.split(tl.reshape(t, (M, BLOCK // 2, 2)))
     return tl.reshape(tl.join(second, first), (M, BLOCK))

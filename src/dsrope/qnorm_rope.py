@@ -12,8 +12,8 @@ Each row is one contiguous tile of channels (masked, so D and R/2 need not be po
 be odd). A rotary lane needs its pair partner and its table entry; both kernels take the partner from
 the neighbouring lane in registers (swap_pairs) and the table entry from one load per pair
 (pair_table). The forward rotates on a tile of the R rotary channels alone, loaded a second time
-(docs/decode.md); the backward, which moves three tensors, on the row's tile (docs/perf.md: backward
-0.92 -> 1.04 of copy bandwidth on the H200).
+(docs/records/2026-12-05-h100-decode-tuning.md); the backward, which moves three tensors, on the row's tile
+(docs/records/2026-12-02-h200-benchmark.md: backward 0.92 -> 1.04 of copy bandwidth on the H200).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _qnorm_rope(
     # Upcast right after the load: the interpreter does bf16 arithmetic on raw bits.
     v = tl.load(x_row[:, :, None] + c * XD, mask=valid).to(tl.float32)
     # the rotary channels on a tile of their own, pair k = lanes (2k, 2k+1), and their table entries:
-    # loaded before the row sum, so that their latency overlaps the reduction's (decode, docs/decode.md)
+    # loaded before the row sum, so that their latency overlaps the reduction's (decode)
     j = tl.arange(0, RBLOCK).to(tl.int64)[None, :]
     in_slice = row_ok[:, None] & (j < R)
     rotary_channel = j + (D - R)

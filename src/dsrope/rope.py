@@ -85,8 +85,8 @@ def _rotate_split(
     on their own [M, RBLOCK] tile as _rotate_inplace rotates them (partner from registers, swap_pairs;
     one table load per pair, pair_table; rotate_lane on the same operands: the same bits as _rotate).
     At decode a program's time is its instructions, and the whole-row form pays the partner's and the
-    tables' addressing on every lane (docs/decode.md); at prefill the bytes decide, and the whole-row
-    form moved them 1-2% faster (rotate_config).
+    tables' addressing on every lane (docs/records/2026-12-04-h200-decode-bound.md); at prefill the bytes
+    decide, and the whole-row form moved them 1-2% faster (rotate_config).
     """
     # int64 from the start: row * DIM and b * XB pass 2**31 on large tensors.
     row = tl.program_id(0).to(tl.int64) * M + tl.arange(0, M)
@@ -99,7 +99,7 @@ def _rotate_split(
     out_row = out + (row * DIM)[:, None]
 
     # Every load before the first store: a warp issues in order and a store waits for its data, so a
-    # load after it would start a memory latency only when the first one has ended (decode, docs/decode.md)
+    # load after it would start a memory latency only when the first one has ended (decode)
     # the leading channels: a copy
     channel = tl.arange(0, BLOCK).to(tl.int64)[None, :]
     passed = row_ok[:, None] & (channel < DIM - ROTARY)
@@ -172,7 +172,8 @@ def _rotate_inplace(
 
     A tile holds the rotary slice of each row only (BLOCK >= ROTARY lanes). Each row is one load and
     one store: the pair partner comes from registers (swap_pairs), not from a second load (a gather,
-    slower: docs/perf.md), and each table entry is loaded once per pair (pair_table). Rows are disjoint
+    slower: docs/records/2026-12-04-h200-inplace-and-peers-benchmark.md), and each table entry is loaded
+    once per pair (pair_table). Rows are disjoint
     (check_writable), so no store meets a value still to be read. The rotation is _rotate's, rotate_lane
     on the same operands (the same bits).
     """
@@ -306,7 +307,7 @@ def apply_partial_rope_unchecked(x: torch.Tensor, cos: torch.Tensor, sin: torch.
     """apply_partial_rope_triton without its argument checks, for a caller that made them (rope_utils,
     whose tables it builds itself): the same result, less host time.
 
-    Under torch.compile: the op. In eager, host time decides (docs/perf.md, decode): the
+    Under torch.compile: the op. In eager, host time decides (docs/performance.md): the
     autograd.Function when a gradient is wanted (the op's dispatch and autograd wrapper cost 2.5 times
     as much), else the launcher alone (inference, decode). Every path launches `_launch` on the same
     arguments: the same bits."""
@@ -378,5 +379,5 @@ def apply_partial_rope_triton_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     if torch.compiler.is_compiling():
         partial_rope_(x, cos, sin, rotary)
     else:
-        _launch_inplace(x, cos, sin, rotary)  # eager: the op's dispatch costs host time (docs/perf.md)
+        _launch_inplace(x, cos, sin, rotary)  # eager: the op's dispatch costs host time (docs/performance.md)
     return x

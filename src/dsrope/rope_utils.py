@@ -322,7 +322,7 @@ def apply_rotary_emb_qk(
     call does not compile with fullgraph=True and cannot be captured in a CUDA graph. cp_size > 1
     compiles, but builds the row indices on the CPU and copies them over (from pageable memory: not
     capturable either). Without cu_seqlens and with cp_size = 1 nothing is read or copied on the host
-    (docs/perf.md, "Decode").
+    (docs/records/2026-12-03-h200-decode-and-host-time.md).
     """
     check_format("format", format)
     check_bool("rope_fusion", rope_fusion)

@@ -58,7 +58,7 @@ from pathlib import Path
 from dsrope_gate.conformance.isolation import TIMEOUT, Target
 from dsrope_gate.ops import DEFAULT_CONTRACT, DIRECTIONS, Op, op_named
 
-EXAMPLES = 24  # hypothesis-drawn cases in the default case set (every entry point's: docs/conformance.md)
+EXAMPLES = 24  # hypothesis-drawn cases in the default case set (every entry point's: docs/judging.md)
 
 
 def collect_cases(op: Op, examples: int = EXAMPLES, seed: int = 0, golden_root: Path | None = None, progress=None,
