@@ -96,7 +96,7 @@ def tests(session: nox.Session, triton: str) -> None:
     install_cpu(session)
     session.install(f"triton=={triton}")
     # the peers whose pinned releases run on CPU (tests/test_presets.py; transformers is in the test extra)
-    session.install("--no-deps", PINS["sglang"], PINS["nemo-automodel"])
+    session.install("--no-deps", PINS["sglang"], PINS["nemo-automodel"], PINS["veomni"])
     junit = Path(session.create_tmp()) / "junit.xml"
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     session.run("python", *pytest_args(session, junit, "auto"), env=env)

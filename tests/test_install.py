@@ -115,7 +115,7 @@ def test_gate_extra_installs_into_a_fresh_venv(tmp_path):
         "Semantics: expected 'two-boundaries' in the forward; Semantics read off the bits: fp32-through",
         "AssertionError: rope_bf16_math does not conform to partial_rope on cpu:",
         "AssertionError: rope_half_split does not conform to partial_rope on cpu:",
-        "Semantics read off the bits: half-split (the contract: interleaved).",
+        "Semantics read off the bits: half-split (the two-boundaries contract: interleaved).",
         "First element outside the model: case 'dsv4-bfloat16'",
         "Reproduce (paste into Python, with fn your implementation):",
     ):
