@@ -22,7 +22,7 @@ RECORDS = DOCS / "records"
 README = ROOT / "README.md"
 MAX_LINES = 300
 # Paths the pages name that are another project's, not this repository's
-EXTERNAL_PATHS = {"tools/autograd/derivatives.yaml"}  # torch's derivative formulas (docs/error-models.md)
+EXTERNAL_PATHS = {"tools/autograd/derivatives.yaml"}  # torch's derivative formulas (docs/contract.md, every-op-rounded)
 FIRST_SCREEN = 40
 
 PAGES = sorted(DOCS.glob("*.md"))

@@ -1,6 +1,6 @@
 """Oracle for rope tables: the op rope_tables(positions, rotary, theta, rope_scaling) -> (cos, sin), FP32
-[B, S, R] whose entries k < R/2 are pair k's (the rest are not judged). docs/contract.md ("Rope tables")
-states the contract; this module computes it per element in mpmath.
+[B, S, R] whose entries k < R/2 are pair k's (the rest are not judged). docs/tables-and-pipelines.md ("The
+rope tables' contract") states the contract; this module computes it per element in mpmath.
 
 The contract `fp32-elementwise`, for position p and pair k (P = fl32(p), u = 2**-24):
   f_k   the inverse frequency theta**(-2k/R), YaRN-corrected whenever rope_scaling is given

@@ -7,7 +7,8 @@ and mscale_all_dim): when given, YaRN applies (the caller decides where, as Deep
 do). cos and sin: FP32 [B, S, R], entry k < R/2 pair k's (dsrope_gate.inputs' convention); entries
 k >= R/2 are not judged. A builder that folds an attention factor into cos and sin declares it
 (`TableBuilder.attention_factor`) and is judged against the reference scaled by it. The contract
-(fp32-elementwise) and its per-element error model: dsrope_reference.rope_tables and docs/contract.md.
+(fp32-elementwise) and its per-element error model: dsrope_reference.rope_tables and
+docs/tables-and-pipelines.md.
 
 Semantics. A label fixes every step of the table but the evaluation of cos and sin, which is the platform's
 (glibc's cosf, SLEEF's, CUDA's: within 1 or 2 ulp of the exact value, the allowance the contract gives too).
