@@ -8,8 +8,9 @@ Everything that depends on which op is judged reads it from its record; no other
 op's name. `JUDGED` holds the ops an implementation of the contract's signature can be judged on
 (docs/contract.md; rope_tables: docs/tables-and-pipelines.md): the two on rows of x (`ROWS`) and
 rope_tables, whose own machinery (its cases, its call, its judge: `own_judge_module`) the conformance
-package dispatches to; the DeepSeek-V3 rotations are judged on their golden cases (verify, the golden store) with their own signature; a pipeline (tables then
-a q path) is compared with other pipelines (dsrope_gate.pipelines).
+package dispatches to; the DeepSeek-V3 rotations are judged on their golden cases (verify, the golden store)
+with their own signature; a pipeline (tables then a q path) is compared with other pipelines
+(dsrope_gate.pipelines).
 """
 
 from __future__ import annotations
