@@ -200,7 +200,7 @@ def test_record_writes_the_snapshot_and_says_what_changed(clone):
 @pytest.mark.parametrize("name", ["nan-fp16", "v3-shared-key-bf16"])
 def test_the_reproduction_computes_the_element_it_names(name, capsys):
     """Each stage's reproduction, run here, prints the very element of the kernels' output it names."""
-    record, tensors = golden.load_case(golden.GOLDEN, golden.read_manifest(), name)
+    record, tensors = golden.load_case(golden.golden_root(), golden.read_manifest(), name)
     outputs = snapshots.run_kernels(record, tensors)
     device = snapshots.kernel_device().type
     for stage, out in outputs.items():
@@ -219,7 +219,7 @@ def test_compare_case_counts_changes_and_rejects_elements_outside_the_model():
 
     from dsrope_dev.bits import compare_case
 
-    record, tensors = golden.load_case(golden.GOLDEN, golden.read_manifest(), "nan-fp16")
+    record, tensors = golden.load_case(golden.golden_root(), golden.read_manifest(), "nan-fp16")
     stage = "qnorm_rope.out"
     model = golden.decode_stage(stage, tensors)
     old = {stage: model["ref"].to(torch.float16)}

@@ -19,7 +19,7 @@ from dsrope_gate.startup import interpret_without_gpu
 
 interpret_without_gpu()
 
-from dsrope_gate.golden import GOLDEN, generate, manifest_path, reference_report, relname, write_reference  # noqa: E402
+from dsrope_gate.golden import generate, golden_root, manifest_path, reference_report, relname, write_reference  # noqa: E402
 from dsrope_gate.snapshots import record_snapshot  # noqa: E402
 
 
@@ -35,9 +35,9 @@ def main(argv=None) -> int:
         action="store_true",
         help="run the kernels on the stored inputs and record this platform's bit snapshot",
     )
-    parser.add_argument("--root", type=Path, default=GOLDEN, help="the golden folder (default: golden/)")
+    parser.add_argument("--root", type=Path, default=None, help="the golden folder (default: golden/)")
     args = parser.parse_args(argv)
-    root = args.root.resolve()
+    root = (args.root or golden_root()).resolve()
 
     status = 0
     # --update-snapshot alone records the kernels' bits and nothing else (test_golden.py checks that the

@@ -78,9 +78,10 @@ def no_snapshot_line(key: dict) -> str:
     )
 
 
-def snapshot_status(root: Path = golden.GOLDEN) -> str:
+def snapshot_status(root: Path | None = None) -> str:
     from dsrope_gate.snapshots import platform_key
 
+    root = root or golden.golden_root()
     key = platform_key()
     data, sidecar = golden.snapshot_paths(root, key)
     if sidecar.is_file():
@@ -211,7 +212,7 @@ def run_kernels_child(out: Path, expect: Path, cases: list[str]) -> int:
     manifest = golden.read_manifest()  # the parent verified the whole store; load_case checks each case's file
     outputs, errors = {}, {}
     for name in cases:
-        record, tensors = golden.load_case(golden.GOLDEN, manifest, name)
+        record, tensors = golden.load_case(golden.golden_root(), manifest, name)
         try:
             for stage, t in run_kernels(record, tensors).items():
                 outputs[f"{name}/{stage}"] = t
@@ -425,7 +426,7 @@ def check(args) -> int:
     )
     results = []
     for name in cases:
-        record, tensors = golden.load_case(golden.GOLDEN, manifest, name)
+        record, tensors = golden.load_case(golden.golden_root(), manifest, name)
         if name in tree_meta["errors"]:
             results.append(CaseResult(name, error=tree_meta["errors"][name]))
             continue
@@ -462,7 +463,7 @@ def record(args) -> int:
     interpret_without_gpu()
     from dsrope_gate.snapshots import kernel_device, kernel_snapshot, platform_key
 
-    root = golden.GOLDEN
+    root = golden.golden_root()
     key = platform_key()
     data_path, sidecar = golden.snapshot_paths(root, key)
     try:

@@ -72,7 +72,6 @@ def golden_root() -> Path:
     return checkout
 
 
-GOLDEN = golden_root()
 FORMAT = 1
 # Bump when the reference changes an interval on purpose (the regenerated lo/hi then differ and
 # `--update` stores them): it names the error model the stored intervals come from.
@@ -305,7 +304,7 @@ def versions() -> dict:
 
 def relname(path: Path) -> str:
     try:
-        return str(path.relative_to(GOLDEN.parent))
+        return str(path.relative_to(golden_root().parent))
     except ValueError:
         return str(path)
 
@@ -355,7 +354,8 @@ def manifest_path(root: Path) -> Path:
     return root / "manifest.json"
 
 
-def read_manifest(root: Path = GOLDEN) -> dict:
+def read_manifest(root: Path | None = None) -> dict:
+    root = root or golden_root()
     manifest = read_json(manifest_path(root), "manifest_sha256")
     if manifest.get("format") != FORMAT:
         raise GoldenError(f"{relname(manifest_path(root))}: format {manifest.get('format')!r}, expected {FORMAT}")
@@ -371,8 +371,9 @@ def load_case(root: Path, manifest: dict, name: str) -> tuple[dict, dict[str, to
     return record, read_tensors(root / record["file"], manifest["files"][record["file"]])
 
 
-def verify_all(root: Path = GOLDEN) -> dict:
+def verify_all(root: Path | None = None) -> dict:
     """Check every golden file against its hashes (reference files, snapshots); return the manifest."""
+    root = root or golden_root()
     manifest = read_manifest(root)
     for rel, entry in sorted(manifest["files"].items()):
         read_tensors(root / rel, entry)

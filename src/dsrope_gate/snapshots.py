@@ -57,9 +57,10 @@ def run_kernels(record: dict, tensors: dict[str, torch.Tensor], device=None) -> 
     return dsrope_outputs(case, inputs)
 
 
-def kernel_snapshot(root: Path = golden.GOLDEN) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def kernel_snapshot(root: Path | None = None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """dsrope's outputs on every stored case (`case/op.stage` -> tensor) and the hash of each case's inputs:
     what a snapshot stores."""
+    root = root or golden.golden_root()
     manifest = golden.verify_all(root)
     outputs, inputs = {}, {}
     for c in manifest["cases"]:
@@ -70,8 +71,9 @@ def kernel_snapshot(root: Path = golden.GOLDEN) -> tuple[dict[str, torch.Tensor]
     return outputs, inputs
 
 
-def record_snapshot(root: Path = golden.GOLDEN) -> str:
+def record_snapshot(root: Path | None = None) -> str:
     """Run the kernels on every stored case and write the snapshot for this platform's key."""
+    root = root or golden.golden_root()
     key = platform_key()
     outputs, inputs = kernel_snapshot(root)
     report = snapshot_report(root, key, outputs)

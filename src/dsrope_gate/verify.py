@@ -110,12 +110,12 @@ def run_goldens(table: Table, progress) -> list[str]:
     problems = []
     manifest = golden.verify_all()
     key = snapshots.platform_key()
-    _, sidecar = golden.snapshot_paths(golden.GOLDEN, key)
+    _, sidecar = golden.snapshot_paths(golden.golden_root(), key)
     snapshot = golden.read_snapshot(sidecar)[1] if sidecar.is_file() else None
     for i, c in enumerate(manifest["cases"], 1):
         name = c["name"]
         progress(f"golden {i}/{len(manifest['cases'])} {name}")
-        record, tensors = golden.load_case(golden.GOLDEN, manifest, name)
+        record, tensors = golden.load_case(golden.golden_root(), manifest, name)
         case = golden.case_from_record(record)
         inputs = {k.removeprefix("input."): v for k, v in tensors.items() if k.startswith("input.")}
         fresh = golden.encode_case(case, inputs, golden.reference_stages(case, inputs))
