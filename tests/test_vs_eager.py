@@ -173,14 +173,17 @@ SIGNED_ZEROS = {"forward": True, "backward": False}
 
 
 def same_bits(got: torch.Tensor, want: torch.Tensor, signed_zeros: bool = True) -> torch.Tensor:
-    """Where the bits are equal (NaN meets NaN whatever its payload; without signed_zeros, +0 meets -0)."""
+    """Where the bits are equal (NaN meets NaN whatever its payload; without signed_zeros, +0 meets -0), on the
+    CPU (where `bits` puts them)."""
+    got, want = got.detach().cpu(), want.detach().cpu()
     same = (bits(got) == bits(want)) | (got.isnan() & want.isnan())
     return same if signed_zeros else same | ((got == 0) & (want == 0))
 
 
 def assert_bit_for_bit(got, want, what: str, direction: str, where=None):
+    got, want = got.detach().cpu(), want.detach().cpu()
     differ = ~same_bits(got, want, SIGNED_ZEROS[direction])
-    differ = differ if where is None else differ & where
+    differ = differ if where is None else differ & where.cpu()
     assert not differ.any(), (
         f"{what}: {int(differ.sum())} of {differ.numel()} elements differ from the eager chain's bits; first at "
         f"{differ.nonzero()[0].tolist()}: {got[differ][0].item()!r} against {want[differ][0].item()!r}"
