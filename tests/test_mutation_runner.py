@@ -181,7 +181,9 @@ def test_uses_the_fixture_set_up_before(shared):
 
 def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
     """The merged map of a pytest run, in a fresh interpreter (Triton's interpreter on the CPU), over a project
-    of `files` in tmp_path."""
+    of `files` in tmp_path, its own rootdir (an ini file there: a tmp_path inside a checkout, as nox's, would
+    otherwise take the checkout's pyproject.toml and root)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
