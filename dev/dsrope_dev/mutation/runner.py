@@ -437,6 +437,8 @@ def in_child(scratch: Path, gpu: bool, root: Path, log_path: Path, run) -> None:
         os.chdir(scratch)
         os.environ.clear()
         os.environ.update(scratch_env(scratch, gpu, root))
+        # forked from a pool's daemonic worker: without this the judge's spawned children refuse to start
+        multiprocessing.current_process()._config.pop("daemon", None)
         sys.path[:] = scratch_paths(scratch) + [p for p in sys.path if outside_checkout(p, root)]
         for name in [n for n in sys.modules if n.split(".")[0] in OWN]:
             del sys.modules[name]  # the runner's own dsrope_dev: the copy's is imported fresh
