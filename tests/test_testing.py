@@ -492,3 +492,18 @@ def test_the_newcomers_fp32_through_passes_its_contract_and_the_contract_impleme
 def test_an_unknown_contract_is_a_usage_error():
     with pytest.raises(ValueError, match="contract: expected one of two-boundaries, fp32-through"):
         assert_conforms(eager_partial_rope, "partial_rope", contract="fp32", **SMALL)
+
+
+def contiguous_only_rope(x, cos, sin, rotary):
+    if not x.is_contiguous():
+        raise NotImplementedError("x: contiguous rows only")
+    return dsrope.apply_partial_rope_triton(x, cos, sin, rotary)
+
+
+def test_bitwise_equal_fails_on_cases_only_one_implementation_ran():
+    """Equal bits on every case both ran is not enough: a case the other refused is a failure that names it."""
+    with pytest.raises(AssertionError, match="Cases run by one only: "):
+        assert_bitwise_equal(
+            dsrope.apply_partial_rope_triton, contiguous_only_rope, "partial_rope",
+            dtypes=["bfloat16"], examples=0, backward=False,
+        )  # fmt: skip
