@@ -35,7 +35,7 @@ RECORD_NAME = re.compile(r"\b20\d\d-\d\d-\d\d-[\w.-]*\w")
 # Diary words: which day, which work item, which attempt (a record cited by its file name is allowed)
 DIARY = [
     re.compile(r"\b20\d\d-\d\d-\d\d\b"),
-    # this project's work items ("in issue 36", "(issue 36)"); another project's issue is cited by its name first
+    # this project's work items ("in issue N", "(issue N)"); another project's issue is cited by its name first
     re.compile(
         r"(?:^|[(,;:]\s*|\b(?:in|the|this|of|for|see|from|per|by|after|before|since)\s+)issues? \d+", re.I | re.M
     ),
