@@ -30,6 +30,7 @@ import triton
 from triton.testing import do_bench
 
 from dsrope import qnorm_rope, rope
+from dsrope.pair_rotation import UNFUSED
 from dsrope_dev.timing import (
     DECODE_SHAPES,
     D,
@@ -81,7 +82,7 @@ def launch(kernel, t, config):
     grid = (triton.cdiv(rows, config["M"]),)
     geometry = (rows, s, h, D, R)
     tables = (*cos.stride(), *sin.stride())
-    kw = dict(config, BLOCK=D)
+    kw = dict(config, BLOCK=D, **UNFUSED)  # the launchers' launch options: timed as they run
     if kernel == "rope":
         return 2 * n, lambda: rope._rotate[grid](x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **kw)
     if kernel == "rope_split":  # the decode form (rope.rotate_config)
@@ -89,7 +90,8 @@ def launch(kernel, t, config):
             x, cos, sin, out, *geometry, *x.stride(), *tables, INVERSE=False, **dict(kw, RBLOCK=R)
         )
     if kernel == "rope_inplace":  # x rotated again on every call: only the R rotary channels move
-        config = dict(config, GROUP=config.get("GROUP", min(config["M"], triton.next_power_of_2(h))), BLOCK=R)
+        group = config.get("GROUP", min(config["M"], triton.next_power_of_2(h)))
+        config = dict(config, GROUP=group, BLOCK=R, **UNFUSED)
         return 2 * rows * R * 2, lambda: rope._rotate_inplace[rope.inplace_grid(config, h, b * s)](
             x, cos, sin, b * s, s, h, D, R, *x.stride(), *tables, **config
         )

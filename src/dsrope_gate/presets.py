@@ -483,21 +483,30 @@ def _megatron_module():
             del sys.modules[name]
 
 
+def wheel_members(package: str, members, *choice: str) -> dict[str, bytes] | None:
+    """The named files (paths in the wheel) of the pinned release's wheel, downloaded from the package index into
+    a temporary folder that is not kept; None when pip cannot download it. `choice`: pip's options that pick the
+    wheel (a Python version, a platform)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", *choice]
+        cmd += ["-d", tmp, PINS[package]]
+        if subprocess.run(cmd, capture_output=True).returncode != 0:
+            return None
+        wheel = next(Path(tmp).glob(f"{package.replace('-', '_')}-{version(package)}-*.whl"), None)
+        if wheel is None:
+            return None
+        with zipfile.ZipFile(wheel) as archive:
+            return {name: archive.read(name) for name in members}
+
+
 def fetch_megatron(cache: Path) -> None:
     """The release's wheel from the package index (for Python 3.12), and its one module extracted into the cache."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
-        cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return
-        wheel = next(Path(tmp).glob(f"megatron_core-{version('megatron-core')}-*.whl"), None)
-        if wheel is None:
-            return
-        with zipfile.ZipFile(wheel) as archive:
-            data = archive.read(MEGATRON_MODULE)
+    files = wheel_members("megatron-core", [MEGATRON_MODULE], "--python-version", "3.12")
+    if files is None:
+        return
     target = cache / release("megatron-core") / Path(MEGATRON_MODULE).name
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    target.write_bytes(files[MEGATRON_MODULE])
 
 
 def megatron_preset():
@@ -566,17 +575,8 @@ VLLM_FILES = (
 def fetch_vllm(cache: Path) -> None:
     """The release's wheel from the package index (once; about 340 MB), and the files of VLLM_FILES
     extracted into CACHE/vllm-<version>/ (the wheel is not kept)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
-        cmd += ["--platform", "manylinux_2_28_x86_64", "-d", tmp, PINS["vllm"]]
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return
-        wheel = next(Path(tmp).glob(f"vllm-{version('vllm')}-*.whl"), None)
-        if wheel is None:
-            return
-        with zipfile.ZipFile(wheel) as archive:
-            files = {name: archive.read(name) for name in VLLM_FILES}
-    for name, data in files.items():
+    files = wheel_members("vllm", VLLM_FILES, "--platform", "manylinux_2_28_x86_64")
+    for name, data in (files or {}).items():
         target = cache / VLLM / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)

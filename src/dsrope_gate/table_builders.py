@@ -25,18 +25,24 @@ import functools
 import importlib
 import importlib.machinery
 import importlib.util
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
 from pathlib import Path
 
 import torch
 
 from dsrope_gate import tables
-from dsrope_gate.pins import PINS, release, version
-from dsrope_gate.presets import CACHE, Missing, _each_preset, _require, _sglang_module, _vllm_modules, _VllmImports
+from dsrope_gate.pins import PINS, release
+from dsrope_gate.presets import (
+    CACHE,
+    Missing,
+    _each_preset,
+    _require,
+    _sglang_module,
+    _vllm_modules,
+    _VllmImports,
+    wheel_members,
+)
 from dsrope_gate.tables import TableBuilder
 from dsrope_gate.targets import load_module
 
@@ -241,20 +247,15 @@ MEGATRON_FILES = ("rope_utils.py", "rotary_pos_embedding.py", "yarn_rotary_pos_e
 
 def fetch_megatron_embeddings(cache: Path) -> None:
     """The release's wheel (for Python 3.12) from the package index, its three embedding modules into the cache."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:"]
-        cmd += ["--python-version", "3.12", "-d", tmp, PINS["megatron-core"]]
-        if subprocess.run(cmd, capture_output=True).returncode != 0:
-            return
-        wheel = next(Path(tmp).glob(f"megatron_core-{version('megatron-core')}-*.whl"), None)
-        if wheel is None:
-            return
-        with zipfile.ZipFile(wheel) as archive:
-            files = {name: archive.read(f"{MEGATRON_EMBEDDINGS}/{name}") for name in MEGATRON_FILES}
+    files = wheel_members(
+        "megatron-core", [f"{MEGATRON_EMBEDDINGS}/{n}" for n in MEGATRON_FILES], "--python-version", "3.12"
+    )
+    if files is None:
+        return
     folder = cache / release("megatron-core") / "embeddings"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
+    for path, data in files.items():
+        (folder / Path(path).name).write_bytes(data)
 
 
 @functools.cache
