@@ -16,7 +16,8 @@
 #           --baseline "$REF" [--baseline-src "$BASELINE_SRC"]; REF (a commit or ref) is required, and on a
 #           host without the git history BASELINE_SRC names a folder carried with the tree that holds REF's
 #           tree (e.g. git worktree add baseline REF, before the call)
-#   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode)
+#   sweep   the kernels' tiles (python -m tools.sweep --decode; SWEEP_ARGS replaces --decode, e.g.
+#           SWEEP_ARGS="--kernels qnorm_fwd --decode-only" for the QNorm forward's decode tiles alone)
 #   fma     the unfused rotation's GPU tests and the bench before and after it (tools/gpu_fma.sh)
 #   releases  the vllm preset judged on CUDA (the conformance command), then transformers 5.17.0 and 5.23.0
 #           each in its own process on the same inputs, their bits compared (python -m tools.release_bits)
@@ -110,7 +111,7 @@ for phase in "$@"; do
       # shellcheck disable=SC2086  # SWEEP_ARGS is a list of options
       (timeout "${SWEEP_LIMIT:-400}" python3 -m tools.sweep --out "$OUT/sweep" ${SWEEP_ARGS:---decode} > "$OUT/w.log" 2>&1
        echo "sweep rc $?" >> "$OUT/w.log")
-      grep -E "^copy|best M=|launcher|sweep rc" "$OUT/w.log" > "$OUT/w.tail"; rm "$OUT/w.log"; fold_logs "$OUT/w.tail" ;;
+      grep -E "^copy|^decode|best M=|launcher|sweep rc" "$OUT/w.log" > "$OUT/w.tail"; rm "$OUT/w.log"; fold_logs "$OUT/w.tail" ;;
     # the unfused rotation's GPU tests and the bench before and after it (run `bash tools/gpu_fma.sh prepare`
     # in the checkout first and carry .device/before)
     fma) OUT="$OUT" bash tools/gpu_fma.sh run ;;
