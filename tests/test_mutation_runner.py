@@ -304,6 +304,16 @@ def test_the_parts_of_two_workers_map_every_test_and_a_missing_test_is_found(tmp
     assert runner.junit_name("tests/sub/test_m.py::TestC::test_t[a.b-1]") == "tests.sub.test_m.TestC.test_t[a.b-1]"
 
 
+def test_a_test_costs_the_setup_of_the_wider_fixtures_it_uses(tmp_path):
+    """A test's seconds count the setup of each module fixture it uses, also when an earlier test set it up:
+    run alone (as the map's quickest-first order runs it) it pays that setup."""
+    test = "import time\n\nimport pytest\n\n\n@pytest.fixture(scope='module')\ndef slow():\n    time.sleep(0.5)\n"
+    test += "".join(f"\n\ndef test_{n}(slow):\n    pass\n" for n in ("sets_it_up", "uses_it_after"))
+    reach_map = traced_map(tmp_path, {"tests/test_s.py": test}, "tests/test_s.py")
+    assert reach_map["seconds"]["tests/test_s.py::test_sets_it_up"] >= 0.5
+    assert reach_map["seconds"]["tests/test_s.py::test_uses_it_after"] >= 0.5
+
+
 KERNEL = """\
 import triton
 import triton.language as tl

@@ -23,7 +23,9 @@ written, so a process that dies keeps the lines of the tests it finished:
     {"test": node id, "seconds": s, "reached": [unit, ...], "collection": [unit, ...]}   after each test
     {"done": true, "collection": [unit, ...]}                     at the end of the session
 
-"collection" lists the units called outside any test since the line before. `merge` joins the parts into
+A test's seconds are what it costs run alone (the runner runs the quickest first): its own time and the setup
+of each wider fixture it uses, whichever test set it up. "collection" lists the units called outside any test
+that no line before listed. `merge` joins the parts into
 one map; `reaching` answers, from the map, which tests reach a mutant.
 """
 
@@ -49,8 +51,11 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 
 # a bucket: id(code) -> code (a code object's own hash hashes its bytecode and constants on every call)
 _collection: dict = {}
+_collection_sent: set[int] = set()  # the collection units this part has listed
 _put = _collection.__setitem__
 _fixtures: dict[object, set] = defaultdict(set)  # a wider-than-function fixture definition -> units its setup called
+_fixture_seconds: dict[object, float] = {}  # a wider fixture definition -> its last setup's own seconds
+_setup_seconds = 0.0  # the own seconds of every wider fixture's setup so far
 _indices: dict[int, tuple] = {}  # id(code) -> (code, its unit's index or None): the code kept alive, its id unique
 _unit_index: dict[tuple, int] = {}
 _relative: dict[str, str | None] = {}  # a code object's file name -> its path relative to the root
@@ -115,10 +120,13 @@ def _units_of(codes) -> set[int]:
 
 
 def _new_collection() -> list[int]:
-    """The units called outside any test since the last call; the collection bucket starts empty again."""
+    """The units called outside any test that no line of the part has listed yet; the collection bucket
+    starts empty again."""
     codes = list(_collection.values())
     _collection.clear()
-    return sorted(_units_of(codes))
+    new = _units_of(codes) - _collection_sent
+    _collection_sent.update(new)
+    return sorted(new)
 
 
 def pytest_configure(config):
@@ -137,17 +145,19 @@ def pytest_runtest_protocol(item, nextitem):
         return (yield)
     bucket = {}
     _into(bucket)
-    start = time.perf_counter()
+    start, setups = time.perf_counter(), _setup_seconds
     try:
         return (yield)
     finally:
         _into(_collection)
-        seconds = time.perf_counter() - start
+        # what the test costs run alone: its own time, and each wider fixture it uses set up (here or before)
+        seconds = time.perf_counter() - start - (_setup_seconds - setups)
         reached = _units_of(list(bucket.values()))
         info = getattr(item, "_fixtureinfo", None)
         for definitions in info.name2fixturedefs.values() if info else ():
             for definition in definitions:
                 reached |= _fixtures.get(definition, set())
+                seconds += _fixture_seconds.get(definition, 0.0)
         record = dict(test=item.nodeid, seconds=round(seconds, 4), reached=sorted(reached))
         _write(dict(record, collection=_new_collection()))
 
@@ -157,12 +167,17 @@ def pytest_fixture_setup(fixturedef, request):
     # a wider fixture is set up once, in the first test that uses it: its calls belong to every test using it
     if not FOLDER or fixturedef.scope == "function":
         return (yield)
+    global _setup_seconds
     bucket = {}
     previous = _into(bucket)
+    start, setups = time.perf_counter(), _setup_seconds
     try:
         return (yield)
     finally:
         _into(previous)
+        own = time.perf_counter() - start - (_setup_seconds - setups)  # without the wider fixtures it set up
+        _fixture_seconds[fixturedef] = own
+        _setup_seconds += own
         _fixtures[fixturedef] |= _units_of(list(bucket.values()))
 
 
