@@ -209,7 +209,7 @@ def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
 
 
 def reached(reach_map: dict, test: str, file: str = "mod.py") -> set[tuple[int, int]]:
-    found = reach_map["collection"] if test == reach.COLLECTION else reach_map["tests"][test]
+    found = reach_map["collection"] if test == "collection" else reach_map["tests"][test]
     return {(lo, hi) for f, lo, hi in (reach_map["units"][i] for i in found) if f == file}
 
 
@@ -227,8 +227,8 @@ def test_the_tracer_attributes_each_call_to_the_test_that_made_it(tmp_path):
     assert reached(reach_map, first) == {body("first")}
     assert reached(reach_map, second) == {body("second"), body("for_the_module"), body("decorated")}
     assert reached(reach_map, fixture) == {body("for_the_module")}
-    assert body("at_import") in reached(reach_map, reach.COLLECTION)
-    assert body("first") not in reached(reach_map, reach.COLLECTION)
+    assert body("at_import") in reached(reach_map, "collection")
+    assert body("first") not in reached(reach_map, "collection")
     assert not any(f.startswith("tests/") for f, _, _ in reach_map["units"])
     # the selection: the tests that reach a mutant's function; every test for one reached at collection
     # or for an edit at module level (a record: importing runs it)
@@ -265,7 +265,7 @@ def test_a_part_keeps_the_tests_finished_before_its_process_died(tmp_path):
     assert list(reach_map["tests"]) == ["tests/test_k.py::test_first", "tests/test_k.py::test_second"]
     assert reached(reach_map, "tests/test_k.py::test_first") == {body("first")}
     assert reached(reach_map, "tests/test_k.py::test_second") == {body("second")}
-    assert body("at_import") in reached(reach_map, reach.COLLECTION)
+    assert body("at_import") in reached(reach_map, "collection")
 
 
 def test_a_test_that_removes_the_variable_does_not_stop_the_recording(tmp_path):

@@ -25,8 +25,8 @@ written, so a process that dies keeps the lines of the tests it finished:
 
 A test's seconds are what it costs run alone (the runner runs the quickest first): its own time and the setup
 of each wider fixture it uses, whichever test set it up. "collection" lists the units called outside any test
-that no line before listed. `merge` joins the parts into
-one map; `reaching` answers, from the map, which tests reach a mutant.
+that no line before listed. `merge` joins the parts into one map; `reaching` answers, from the map, which tests
+reach a mutant.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from pathlib import Path
 import pytest
 
 ENV = "DSROPE_REACH_MAP"
-COLLECTION = "collection"
 # read once, at import: a test may change os.environ, and the recording must not depend on it
 FOLDER = os.environ.get(ENV)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -165,9 +164,9 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     # a wider fixture is set up once, in the first test that uses it: its calls belong to every test using it
+    global _setup_seconds
     if not FOLDER or fixturedef.scope == "function":
         return (yield)
-    global _setup_seconds
     bucket = {}
     previous = _into(bucket)
     start, setups = time.perf_counter(), _setup_seconds
