@@ -6,8 +6,10 @@ own edit no longer applies)."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -179,17 +181,17 @@ def test_uses_the_fixture_set_up_before(shared):
 }
 
 
-def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
-    """The merged map of a pytest run, in a fresh interpreter (Triton's interpreter on the CPU), over a project
-    of `files` in tmp_path, its own rootdir (an ini file there: a tmp_path inside a checkout, as nox's, would
-    otherwise take the checkout's pyproject.toml and root)."""
+def traced_run(tmp_path: Path, files: dict, *argv: str) -> subprocess.CompletedProcess:
+    """A traced pytest run, in a fresh interpreter (Triton's interpreter on the CPU), over a project of `files`
+    in tmp_path, its own rootdir (an ini file there: a tmp_path inside a checkout, as nox's, would otherwise
+    take the checkout's pyproject.toml and root); its parts go to tmp_path/parts."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "dev")]))
     env.update({reach.ENV: str(tmp_path / "parts"), "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
-    run = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "dsrope_dev.mutation.reach", *argv],
         cwd=tmp_path,
         env=env,
@@ -197,12 +199,17 @@ def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
         text=True,
         timeout=600,
     )
+
+
+def traced_map(tmp_path: Path, files: dict, *argv: str) -> dict:
+    """The merged map of a traced pytest run (traced_run) that passed."""
+    run = traced_run(tmp_path, files, *argv)
     assert run.returncode == 0, run.stdout + run.stderr
     return reach.merge(tmp_path / "parts")
 
 
 def reached(reach_map: dict, test: str, file: str = "mod.py") -> set[tuple[int, int]]:
-    found = reach_map["collection"] if test == reach.COLLECTION else reach_map["tests"][test]
+    found = reach_map["collection"] if test == "collection" else reach_map["tests"][test]
     return {(lo, hi) for f, lo, hi in (reach_map["units"][i] for i in found) if f == file}
 
 
@@ -220,8 +227,8 @@ def test_the_tracer_attributes_each_call_to_the_test_that_made_it(tmp_path):
     assert reached(reach_map, first) == {body("first")}
     assert reached(reach_map, second) == {body("second"), body("for_the_module"), body("decorated")}
     assert reached(reach_map, fixture) == {body("for_the_module")}
-    assert body("at_import") in reached(reach_map, reach.COLLECTION)
-    assert body("first") not in reached(reach_map, reach.COLLECTION)
+    assert body("at_import") in reached(reach_map, "collection")
+    assert body("first") not in reached(reach_map, "collection")
     assert not any(f.startswith("tests/") for f, _, _ in reach_map["units"])
     # the selection: the tests that reach a mutant's function; every test for one reached at collection
     # or for an edit at module level (a record: importing runs it)
@@ -232,6 +239,79 @@ def test_the_tracer_attributes_each_call_to_the_test_that_made_it(tmp_path):
     assert select("for_the_module", ("return 4", "return -4")) == [second, fixture]
     assert select("at_import", ("return 1", "return -1")) is None
     assert select("RECORD", ("scale=", "scale=-")) is None
+
+
+def one_test_a_function(names: list[str], *extra: str) -> str:
+    """A test module whose test_NAME calls mod.NAME(), then runs the lines of `extra` (one per test, or none)."""
+    tests = ["import os\nimport signal\n\nimport mod\n"]
+    for i, name in enumerate(names):
+        tests.append(f"\ndef test_{name}():\n    assert mod.{name}()\n" + (f"    {extra[i]}\n" if extra else ""))
+    return "\n".join(tests)
+
+
+def test_a_part_keeps_the_tests_finished_before_its_process_died(tmp_path):
+    """Each test's line is written and flushed when the test ends: a process killed in its third test leaves
+    the first two tests' calls in its part (a part without its final line is read), and no entry for the
+    third."""
+    killed = ("pass", "pass", "os.kill(os.getpid(), signal.SIGKILL)")
+    test = one_test_a_function(["first", "second", "for_the_module"], *killed)
+    run = traced_run(tmp_path, {"mod.py": PROJECT["mod.py"], "tests/test_k.py": test}, "tests/test_k.py")
+    assert run.returncode == -signal.SIGKILL, run.stdout + run.stderr
+    (part,) = (tmp_path / "parts").glob("part-*.jsonl")
+    assert '"done"' not in part.read_text()
+    reach_map = reach.merge(tmp_path / "parts")
+    spans = runner.function_spans(PROJECT["mod.py"])
+    body = lambda name: (spans[name][1], spans[name][1])
+    assert list(reach_map["tests"]) == ["tests/test_k.py::test_first", "tests/test_k.py::test_second"]
+    assert reached(reach_map, "tests/test_k.py::test_first") == {body("first")}
+    assert reached(reach_map, "tests/test_k.py::test_second") == {body("second")}
+    assert body("at_import") in reached(reach_map, "collection")
+
+
+def test_a_test_that_removes_the_variable_does_not_stop_the_recording(tmp_path):
+    """The plugin reads DSROPE_REACH_MAP once, at import: a test that deletes it from os.environ changes
+    nothing for the tests after it, nor for the part's final line."""
+    removes = (f"del os.environ[{reach.ENV!r}]", "pass")
+    test = one_test_a_function(["first", "second"], *removes)
+    reach_map = traced_map(tmp_path, {"mod.py": PROJECT["mod.py"], "tests/test_e.py": test}, "tests/test_e.py")
+    spans = runner.function_spans(PROJECT["mod.py"])
+    assert reached(reach_map, "tests/test_e.py::test_second") == {(spans["second"][1], spans["second"][1])}
+    (part,) = (tmp_path / "parts").glob("part-*.jsonl")
+    assert part.read_text().splitlines()[-1].startswith('{"done": true')
+
+
+def test_the_parts_of_two_workers_map_every_test_and_a_missing_test_is_found(tmp_path):
+    """Under pytest-xdist (-n 2) each worker writes its own part and merge maps every test that ran; the
+    runner's check against the junit XML of the run finds nothing missing, and finds the tests of a worker
+    whose part lost its tests' lines (such a map is not used)."""
+    names = ["first", "second", "for_the_module", "decorated"] * 3
+    source = PROJECT["mod.py"] + "".join(f"\n\ndef f{i}():\n    return {i + 1}\n" for i in range(len(names)))
+    names = [f"f{i}" for i in range(len(names))]
+    files = {"mod.py": source, "tests/test_x.py": one_test_a_function(names)}
+    reach_map = traced_map(tmp_path, files, "-n", "2", "--junitxml=junit.xml", "tests/test_x.py")
+    spans = runner.function_spans(source)
+    for name in names:
+        assert reached(reach_map, f"tests/test_x.py::test_{name}") == {(spans[name][1], spans[name][1])}
+    parts = sorted((tmp_path / "parts").glob("part-gw*.jsonl"))
+    with_tests = [p for p in parts if '"test"' in p.read_text()]
+    assert len(with_tests) == 2, [p.name for p in parts]
+    assert runner.unrecorded(reach_map, [tmp_path / "junit.xml"]) == []
+    lines = with_tests[1].read_text().splitlines(keepends=True)
+    lost = [json.loads(line)["test"] for line in lines if '"test"' in line]
+    with_tests[1].write_text("".join(line for line in lines if '"test"' not in line))
+    broken = reach.merge(tmp_path / "parts")
+    assert runner.unrecorded(broken, [tmp_path / "junit.xml"]) == sorted(map(runner.junit_name, lost))
+    assert runner.junit_name("tests/sub/test_m.py::TestC::test_t[a.b-1]") == "tests.sub.test_m.TestC.test_t[a.b-1]"
+
+
+def test_a_test_costs_the_setup_of_the_wider_fixtures_it_uses(tmp_path):
+    """A test's seconds count the setup of each module fixture it uses, also when an earlier test set it up:
+    run alone (as the map's quickest-first order runs it) it pays that setup."""
+    test = "import time\n\nimport pytest\n\n\n@pytest.fixture(scope='module')\ndef slow():\n    time.sleep(0.5)\n"
+    test += "".join(f"\n\ndef test_{n}(slow):\n    pass\n" for n in ("sets_it_up", "uses_it_after"))
+    reach_map = traced_map(tmp_path, {"tests/test_s.py": test}, "tests/test_s.py")
+    assert reach_map["seconds"]["tests/test_s.py::test_sets_it_up"] >= 0.5
+    assert reach_map["seconds"]["tests/test_s.py::test_uses_it_after"] >= 0.5
 
 
 KERNEL = """\

@@ -13,7 +13,19 @@ own lines. What runs in a child process (a spawned judge, a CLI subprocess) is n
 
 A code object is kept as a unit (file relative to the root, first line, last line) over the lines its own
 instructions come from, without its first line (a decorated function's RESUME sits on its first decorator);
-tests/ is left out. `merge` joins the part files into one map; `reaching` answers, from the map, which tests
+tests/ is left out.
+
+Each process appends to its own part file, FOLDER/part-WORKER-PID.jsonl, one JSON object a line, flushed as
+written, so a process that dies keeps the lines of the tests it finished:
+
+    {"unit": [file, first, last]}          the part's next unit (the n-th such line is unit n)
+    {"order": [node id, ...], "collection": [unit, ...]}           the collected tests, in order
+    {"test": node id, "seconds": s, "reached": [unit, ...], "collection": [unit, ...]}   after each test
+    {"done": true, "collection": [unit, ...]}                     at the end of the session
+
+A test's seconds are what it costs run alone (the runner runs the quickest first): its own time and the setup
+of each wider fixture it uses, whichever test set it up. "collection" lists the units called outside any test
+that no line before listed. `merge` joins the parts into one map; `reaching` answers, from the map, which tests
 reach a mutant.
 """
 
@@ -32,14 +44,22 @@ from pathlib import Path
 import pytest
 
 ENV = "DSROPE_REACH_MAP"
-COLLECTION = "collection"
+# read once, at import: a test may change os.environ, and the recording must not depend on it
+FOLDER = os.environ.get(ENV)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
 
-# bucket: id(code) -> code (a code object's own hash hashes its bytecode and constants on every call)
-_buckets: dict[str, dict] = defaultdict(dict)
-_fixtures: dict[object, dict] = {}  # a wider-than-function fixture definition -> what its setup called
-_put = _buckets[COLLECTION].__setitem__
-_seconds: dict[str, float] = defaultdict(float)
-_order: list[str] = []
+# a bucket: id(code) -> code (a code object's own hash hashes its bytecode and constants on every call)
+_collection: dict = {}
+_collection_sent: set[int] = set()  # the collection units this part has listed
+_put = _collection.__setitem__
+_fixtures: dict[object, set] = defaultdict(set)  # a wider-than-function fixture definition -> units its setup called
+_fixture_seconds: dict[object, float] = {}  # a wider fixture definition -> its last setup's own seconds
+_setup_seconds = 0.0  # the own seconds of every wider fixture's setup so far
+_indices: dict[int, tuple] = {}  # id(code) -> (code, its unit's index or None): the code kept alive, its id unique
+_unit_index: dict[tuple, int] = {}
+_relative: dict[str, str | None] = {}  # a code object's file name -> its path relative to the root
+_root: Path | None = None
+_part = None  # this process's part file, opened at the first line
 
 
 def _trace(frame, event, arg):
@@ -66,78 +86,124 @@ def stop() -> None:
     threading.settrace(None)
 
 
-if os.environ.get(ENV):
+if FOLDER:
     start()  # at import: -p loads this before conftest.py, so its imports count as collection
 
 
+def _write(record: dict) -> None:
+    global _part
+    if _part is None:
+        Path(FOLDER).mkdir(parents=True, exist_ok=True)
+        _part = open(Path(FOLDER) / f"part-{WORKER}-{os.getpid()}.jsonl", "a")
+    _part.write(json.dumps(record) + "\n")
+    _part.flush()
+
+
+def _units_of(codes) -> set[int]:
+    """The indices of the units of `codes`; a unit seen for the first time is written as a line first."""
+    found = set()
+    for code in codes:
+        hit = _indices.get(id(code))
+        if hit is None:
+            u = unit(code, _root, _relative)
+            i = None
+            if u is not None:
+                i = _unit_index.get(u)
+                if i is None:
+                    i = _unit_index[u] = len(_unit_index)
+                    _write({"unit": list(u)})
+            hit = _indices[id(code)] = (code, i)
+        if hit[1] is not None:
+            found.add(hit[1])
+    return found
+
+
+def _new_collection() -> list[int]:
+    """The units called outside any test that no line of the part has listed yet; the collection bucket
+    starts empty again."""
+    codes = list(_collection.values())
+    _collection.clear()
+    new = _units_of(codes) - _collection_sent
+    _collection_sent.update(new)
+    return sorted(new)
+
+
+def pytest_configure(config):
+    global _root
+    _root = Path(config.rootpath).resolve()
+
+
 def pytest_collection_finish(session):
-    _order[:] = [item.nodeid for item in session.items]
+    if FOLDER:
+        _write({"order": [item.nodeid for item in session.items], "collection": _new_collection()})
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    if not os.environ.get(ENV):
+    if not FOLDER:
         return (yield)
-    bucket = _buckets[item.nodeid]
+    bucket = {}
     _into(bucket)
-    start = time.perf_counter()
+    start, setups = time.perf_counter(), _setup_seconds
     try:
         return (yield)
     finally:
-        _into(_buckets[COLLECTION])
-        _seconds[item.nodeid] += time.perf_counter() - start
+        _into(_collection)
+        # what the test costs run alone: its own time, and each wider fixture it uses set up (here or before)
+        seconds = time.perf_counter() - start - (_setup_seconds - setups)
+        reached = _units_of(list(bucket.values()))
         info = getattr(item, "_fixtureinfo", None)
         for definitions in info.name2fixturedefs.values() if info else ():
             for definition in definitions:
-                bucket.update(_fixtures.get(definition, {}))
+                reached |= _fixtures.get(definition, set())
+                seconds += _fixture_seconds.get(definition, 0.0)
+        record = dict(test=item.nodeid, seconds=round(seconds, 4), reached=sorted(reached))
+        _write(dict(record, collection=_new_collection()))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef, request):
     # a wider fixture is set up once, in the first test that uses it: its calls belong to every test using it
-    if not os.environ.get(ENV) or fixturedef.scope == "function":
+    global _setup_seconds
+    if not FOLDER or fixturedef.scope == "function":
         return (yield)
-    previous = _into(_fixtures.setdefault(fixturedef, {}))
+    bucket = {}
+    previous = _into(bucket)
+    start, setups = time.perf_counter(), _setup_seconds
     try:
         return (yield)
     finally:
         _into(previous)
+        own = time.perf_counter() - start - (_setup_seconds - setups)  # without the wider fixtures it set up
+        _fixture_seconds[fixturedef] = own
+        _setup_seconds += own
+        _fixtures[fixturedef] |= _units_of(list(bucket.values()))
 
 
 def pytest_sessionfinish(session):
-    folder = os.environ.get(ENV)
-    if not folder:
-        return
-    stop()
-    root = Path(session.config.rootpath).resolve()
-    units: dict[object, tuple | None] = {}
-    reached = {
-        n: sorted({u for u in (unit(c, root, units) for c in codes.values()) if u}) for n, codes in _buckets.items()
-    }
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    part = dict(order=_order, seconds=dict(_seconds), reached=reached)
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    (Path(folder) / f"part-{worker}-{os.getpid()}.json").write_text(json.dumps(part))
+    if FOLDER:
+        stop()
+        _write({"done": True, "collection": _new_collection()})
 
 
-def unit(code, root: Path, cache: dict) -> tuple | None:
+def unit(code, root: Path, relative: dict) -> tuple | None:
     """(file relative to root, first line, last line) of a code object's own instructions, without its
-    first line unless that is all it has; None outside root or under tests/."""
-    if id(code) in cache:
-        return cache[id(code)]
-    found = relative = None
-    if os.path.isabs(code.co_filename):  # not "<frozen abc>", "<string>"
-        try:
-            relative = Path(code.co_filename).resolve().relative_to(root).as_posix()
-        except (ValueError, OSError):
-            pass
-    if relative and not relative.startswith("tests/"):
-        lines = {line for _, _, line in code.co_lines() if line}  # 0: a module's RESUME
-        body = lines - {code.co_firstlineno} or lines
-        if body:
-            found = (relative, min(body), max(body))
-    cache[id(code)] = found
-    return found
+    first line unless that is all it has; None outside root or under tests/. `relative` caches each file
+    name's path relative to root."""
+    name = code.co_filename
+    if name not in relative:
+        relative[name] = None
+        if os.path.isabs(name):  # not "<frozen abc>", "<string>"
+            try:
+                relative[name] = Path(name).resolve().relative_to(root).as_posix()
+            except (ValueError, OSError):
+                pass
+    path = relative[name]
+    if not path or path.startswith("tests/"):
+        return None
+    lines = {line for _, _, line in code.co_lines() if line}  # 0: a module's RESUME
+    body = lines - {code.co_firstlineno} or lines
+    return (path, min(body), max(body)) if body else None
 
 
 # ---- the map -----------------------------------------------------------------------------------
@@ -145,25 +211,37 @@ def unit(code, root: Path, cache: dict) -> tuple | None:
 
 def merge(folder: Path) -> dict:
     """The part files of one run joined: units (file, first, last), per test the indices of the units it
-    reached, the collection bucket's units, each test's seconds, and the collection order."""
+    reached (only the tests some part recorded, in collection order), the collection bucket's units, each
+    test's seconds, and the collection order. A part cut short (its process died) gives the lines it has."""
     index: dict[tuple, int] = {}
     tests: dict[str, set] = defaultdict(set)
     seconds: dict[str, float] = defaultdict(float)
+    collection: set[int] = set()
     order: list[str] = []
-    for path in sorted(Path(folder).glob("part-*.json")):
-        part = json.loads(path.read_text())
-        for name, found in part["reached"].items():
-            tests[name] |= {index.setdefault(tuple(u), len(index)) for u in found}
-        for name, s in part["seconds"].items():
-            seconds[name] += s
-        known = set(order)
-        order += [n for n in part["order"] if n not in known]
-    collection = tests.pop(COLLECTION, set())
+    for path in sorted(Path(folder).glob("part-*.jsonl")):
+        here: list[int] = []  # the part's unit n -> its index in the map
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut short by the process's death: the last one
+            if "unit" in record:
+                here.append(index.setdefault(tuple(record["unit"]), len(index)))
+                continue
+            collection |= {here[u] for u in record.get("collection", ())}
+            if "order" in record:
+                known = set(order)
+                order += [n for n in record["order"] if n not in known]
+            if "test" in record:
+                tests[record["test"]] |= {here[u] for u in record["reached"]}
+                seconds[record["test"]] += record["seconds"]
+    known = set(order)
+    recorded = [n for n in order if n in tests] + [n for n in tests if n not in known]
     return dict(
         units=[list(u) for u in index],
         collection=sorted(collection),
-        tests={n: sorted(tests.get(n, ())) for n in order},
-        seconds={n: round(seconds.get(n, 0.0), 3) for n in order},
+        tests={n: sorted(tests[n]) for n in recorded},
+        seconds={n: round(seconds[n], 3) for n in recorded},
     )
 
 

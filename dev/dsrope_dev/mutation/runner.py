@@ -12,7 +12,8 @@ which test reaches which function, recorded by tracing the baseline and kept in 
 while the tree's contents are unchanged): first the tests that reach the mutant's edits (the guards' first,
 then the quickest), by node id; then every other test of the suite. A mutant whose edit runs at import (a
 module-level record, a class body, a function called at collection) runs the way without a map. Without a
-map (`--no-map`, `--tests`, `--gpu`, or `--no-baseline` with none kept): tests/test_bounds_and_table_strides.py
+map (`--no-map`, `--tests`, `--gpu`, `--no-baseline` with none kept, or a traced baseline whose map lacks a
+test that ran): tests/test_bounds_and_table_strides.py
 and the mutated file's HOME modules, then every other test module (tests/test_properties.py last). Either
 way the two stages together are the whole suite, so the kills are a full run's. Killed: a test failed (the
 table says in which stage). Survived: the whole suite passed. Broken (a collection or import error) and
@@ -399,6 +400,30 @@ def parse_junit(path: Path):
             collection = not cls or "collection failure" in (bad.get("message") or "")
             failed.append((node, message[0][:160] if message else "", collection))
     return ran, failed
+
+
+def junit_name(nodeid: str) -> str:
+    """The name pytest's junit XML gives the test of a node id: its classname (the path's folders and module,
+    and any classes, joined by dots), a dot, and its name with its parameters."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = names[0].removesuffix(".py").replace("/", ".")
+    return ".".join(names) + bracket + params
+
+
+def junit_ran(path: Path) -> set[str]:
+    """The junit names (junit_name) of the tests that ran, not skipped, in a junit XML file."""
+    if not path.exists():
+        return set()
+    cases = ET.parse(path).getroot().iter("testcase")
+    return {f"{c.get('classname')}.{c.get('name')}" for c in cases if c.find("skipped") is None}
+
+
+def unrecorded(reach_map: dict, junits: list[Path]) -> list[str]:
+    """The tests that ran in the traced baseline (its stages' junit files) with no entry in its map: a map that
+    misses any would send a mutant that they reach to the rest of the suite only."""
+    ran = set().union(*(junit_ran(j) for j in junits))
+    return sorted(ran - {junit_name(n) for n in reach_map["tests"]})
 
 
 # Fork mode (CPU): the parent imports these third-party modules once; each pytest run is a forked
@@ -792,16 +817,27 @@ def main(argv=None) -> int:
             return 1
         if trace:
             reach_map = dict(reach.merge(trace), key=key, tree=whole, seconds_traced=round(baseline.seconds, 1))
-            store_map(args.report, key, reach_map)
-            map_note = f"map {map_path.name} built by the traced baseline ({baseline.seconds:.0f}s)"
-            print(f"map: {map_path} written, {len(reach_map['tests'])} tests", flush=True)
+            missing = unrecorded(reach_map, sorted(baseline_dir.glob("junit-*.xml")))
+            if missing:
+                map_note = f"map INCOMPLETE ({len(missing)} tests without calls), not used: HOME modules, then the rest"
+                print(
+                    f"map: INCOMPLETE: {len(missing)} of the {baseline.ran} tests that ran in the traced baseline "
+                    f"have no recorded calls (e.g. {', '.join(missing[:3])}); the map is NOT stored and NOT used: "
+                    f"HOME modules, then the rest (the parts: {trace}, kept with --keep)",
+                    flush=True,
+                )
+                reach_map = None
+            else:
+                store_map(args.report, key, reach_map)
+                map_note = f"map {map_path.name} built by the traced baseline ({baseline.seconds:.0f}s)"
+                print(f"map: {map_path} written, {len(reach_map['tests'])} tests", flush=True)
     shutil.rmtree(baseline_dir, ignore_errors=True)
     reaching = {}
     if reach_map is not None:
         for m in chosen:
             found = reach.reaching(reach_map, m.file, edit_spans(m, (args.root / m.file).read_text()))
             reaching[m.name] = None if found is None else quickest_first(found, reach_map["seconds"])
-    elif args.map:
+    elif args.map and not trace:
         map_note = "no map for this tree and no baseline to build it (--no-baseline): HOME modules, then the rest"
         print(f"map: {map_note}", flush=True)
 
