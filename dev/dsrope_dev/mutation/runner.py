@@ -715,7 +715,13 @@ def main(argv=None) -> int:
         action="store_false",
         help="CPU: start every pytest run as a fresh interpreter instead of forking a warm one",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run before it counts as a hang")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds per pytest run before it counts as a hang (a survivor's last stage, and the baseline, run the "
+        "rest of the suite in one process: over 20 minutes on a loaded 2-core machine)",
+    )
     p.add_argument("--keep", action="store_true", help="keep scratch copies")
     p.add_argument("--no-baseline", action="store_true", help="skip the run of the unmutated copy")
     p.add_argument(
