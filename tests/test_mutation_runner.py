@@ -115,6 +115,13 @@ def test_a_partial_run_selects_modules_by_name_or_path_and_refuses_a_miss():
         selected_tests(files, "test_nothing")
 
 
+def test_stage_one_runs_the_guards_in_file_order_then_the_quickest():
+    guards = "tests/test_bounds_and_table_strides.py::"
+    tests = [f"{guards}test_band[a]", "tests/test_b.py::slow", f"{guards}test_no_band", "tests/test_a.py::quick"]
+    seconds = {tests[0]: 0.9, tests[1]: 5.0, tests[2]: 0.1, tests[3]: 0.2}
+    assert runner.quickest_first(tests, seconds) == [tests[0], tests[2], tests[3], tests[1]]
+
+
 def test_home_first_and_last_name_files_that_exist():
     """Every source file of the HOME table exists and its test modules too, as do the FIRST and LAST modules:
     a renamed test module would otherwise drop out of its mutants' first stage without a word."""
