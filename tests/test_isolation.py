@@ -24,6 +24,7 @@ import torch
 
 from dsrope_gate.cli import main
 from dsrope_gate.conformance import Target, judge_all
+from dsrope_gate.conformance.calling import storage_bytes, write_record
 
 HOSTILE = textwrap.dedent(
     """
@@ -191,6 +192,19 @@ def test_in_place_declared_is_judged_by_what_it_writes_into_x(hostile):
     forward = results["in_place"]["forward"]
     assert rc == 0 and forward["verdict"] == "conforms" and forward["writes"] == []
     assert results["in_place"]["backward"]["verdict"] == "conforms"
+
+
+def test_a_write_is_reported_at_its_first_changed_element():
+    """Of several changed elements the report names the first in storage order, with its logical index (x a
+    transposed view: the two orders differ) and its values before and after."""
+    x = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # x[i, j] at storage element 4 * j + i
+    before = storage_bytes(x)
+    x[1, 2] = -1.0  # storage element 9
+    x[2, 0] = -2.0  # storage element 2: the first
+    record = write_record("x", "forward", before, storage_bytes(x), x)
+    assert record["storage_element"] == 2 and record["index"] == [2, 0], record
+    assert (record["tensor"], record["before"], record["after"]) == ("x", 2.0, -2.0), record
+    assert write_record("x", "forward", before, before.clone(), x) is None
 
 
 def test_in_place_writes_into_the_gaps_of_x_are_writes():
