@@ -128,8 +128,8 @@ HOME = {
     SEMANTICS: ("test_semantics.py", "test_contracts.py", "test_conformance.py"),
     REF_TABLES: ("test_tables.py", "test_table_builders.py"),
     TABLES: ("test_tables.py", "test_table_builders.py"),
-    JUDGING: ("test_conformance.py", "test_table_op.py"),
-    CALLING: ("test_conformance.py",),
+    JUDGING: ("test_conformance.py", "test_table_op.py", "test_isolation.py"),
+    CALLING: ("test_conformance.py", "test_isolation.py"),  # writes watched: the writers judged in children
     RENDER: ("test_conformance.py", "test_violations.py"),
     VIOLATIONS: ("test_violations.py", "test_conformance.py"),
     DIAGNOSES: ("test_violations.py",),
