@@ -229,6 +229,28 @@ def test_in_place_writes_into_the_gaps_of_x_are_writes():
     assert result["forward"]["verdict"] == "does not conform"
 
 
+def test_in_place_declared_is_judged_by_x_not_by_what_it_returns():
+    """Declared in place, what an implementation wrote into x is its output: the right rotation in x with a
+    zeroed tensor returned conforms; zeros in x with the right rotation returned does not."""
+    from dsrope_gate.differential import eager_partial_rope
+
+    def right_in_x(x, cos, sin, rotary):
+        with torch.no_grad():
+            x.copy_(eager_partial_rope(x, cos, sin, rotary))
+        return torch.zeros_like(x)
+
+    def right_returned(x, cos, sin, rotary):
+        rotated = eager_partial_rope(x, cos, sin, rotary)
+        with torch.no_grad():
+            x.zero_()
+        return rotated
+
+    targets = [Target(fn.__name__, fn=fn, in_place=True) for fn in (right_in_x, right_returned)]
+    results, _, _, _ = judge_all("partial_rope", targets, "cpu", examples=0, progress=lambda m: None)
+    verdicts = {t.name: r["forward"]["verdict"] for t, r in zip(targets, results, strict=True)}
+    assert verdicts == {"right_in_x": "conforms", "right_returned": "does not conform"}, verdicts
+
+
 OUT_OF_BOUNDS = textwrap.dedent(
     """
     import torch
