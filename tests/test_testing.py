@@ -507,3 +507,17 @@ def test_bitwise_equal_fails_on_cases_only_one_implementation_ran():
             dsrope.apply_partial_rope_triton, contiguous_only_rope, "partial_rope",
             dtypes=["bfloat16"], examples=0, backward=False,
         )  # fmt: skip
+
+
+def test_golden_cases_under_another_contract_are_judged_by_that_contracts_models():
+    """The golden store keeps the default contract's models; under another contract every golden case gets the
+    models of that contract, computed from its stored inputs (fp32-through has no second rounding boundary:
+    its bounds differ from the stored ones in every case)."""
+    from dsrope_gate.conformance import golden_cases
+    from dsrope_gate.ops import QNORM_ROPE
+
+    stored, _ = golden_cases(QNORM_ROPE, "cpu", None)
+    other, _ = golden_cases(QNORM_ROPE, "cpu", None, contract="fp32-through")
+    assert len(other) == len(stored) > 0 and {p.contract for p in other} == {"fp32-through"}
+    for a, b in zip(stored, other, strict=True):
+        assert not torch.equal(a.models["forward"].lo, b.models["forward"].lo), a.case.name
