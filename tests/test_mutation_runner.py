@@ -5,6 +5,7 @@ own edit no longer applies)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -120,6 +121,36 @@ def test_stage_one_runs_the_guards_in_file_order_then_the_quickest():
     tests = [f"{guards}test_band[a]", "tests/test_b.py::slow", f"{guards}test_no_band", "tests/test_a.py::quick"]
     seconds = {tests[0]: 0.9, tests[1]: 5.0, tests[2]: 0.1, tests[3]: 0.2}
     assert runner.quickest_first(tests, seconds) == [tests[0], tests[2], tests[3], tests[1]]
+
+
+def test_the_last_killer_runs_first_alone_and_decides_only_by_a_kill(tmp_path):
+    """The stage of a mutant's earlier killing test: a failure there is the kill; a killer that passes now or no
+    longer exists leaves the verdict to the stages after it (a survivor's full run, or a kill there)."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/test_k.py").write_text("def test_fails():\n    assert False\n\n\ndef test_passes():\n    pass\n")
+    args = argparse.Namespace(gpu=False, all=False, deselect=[], timeout=120, root=ROOT, workers="0", fork=False)
+    fails, passes = "tests/test_k.py::test_fails", "tests/test_k.py::test_passes"
+
+    def run(killer, after):
+        return runner.run_suite(tmp_path, args, [(runner.LAST_KILLER, [killer]), ("rest", after)], tmp_path / "log")
+
+    killed = run(fails, [passes])
+    assert (killed.status, killed.stage, killed.killer, killed.ran) == ("killed", runner.LAST_KILLER, fails, 1)
+    survived = run(passes, [passes])
+    assert (survived.status, survived.stage, survived.ran) == ("survived", "", 2)
+    killed_after = run("tests/test_k.py::test_renamed", ["tests/test_k.py"])
+    assert (killed_after.status, killed_after.stage, killed_after.killer) == ("killed", "rest", fails)
+
+
+def test_the_killers_kept_are_each_mutants_latest(tmp_path):
+    a, b, c = (mutant(f"t.{n}", "x.py", "f", "", ("a", "b")) for n in "abc")
+    runner.store_killers(
+        tmp_path, [runner.Result(a, "killed", killer="t::one"), runner.Result(b, "killed", killer="t::two")]
+    )
+    assert runner.stored_killers(tmp_path) == {"t.a": "t::one", "t.b": "t::two"}
+    later = [runner.Result(a, "survived"), runner.Result(b, "killed", killer="t::three"), runner.Result(c, "stale")]
+    runner.store_killers(tmp_path, later)
+    assert runner.stored_killers(tmp_path) == {"t.b": "t::three"}
 
 
 def test_home_first_and_last_name_files_that_exist():

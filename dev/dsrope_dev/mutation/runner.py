@@ -15,11 +15,12 @@ module-level record, a class body, a function called at collection) runs the way
 map (`--no-map`, `--tests`, `--gpu`, `--no-baseline` with none kept, or a traced baseline whose map lacks a
 test that ran): tests/test_bounds_and_table_strides.py
 and the mutated file's HOME modules, then every other test module (tests/test_properties.py last). Either
-way the two stages together are the whole suite, so the kills are a full run's. Killed: a test failed (the
-table says in which stage). Survived: the whole suite passed. Broken (a collection or import error) and
-crashed (pytest died of a signal, e.g. after a write past a buffer) are not kills. On CPU each pytest run is a child
-forked from a parent that imported torch and triton once (`--no-fork` starts fresh interpreters
-instead); on CUDA every run starts fresh.
+way the two stages together are the whole suite, so the kills are a full run's. Before them, on CPU, the test
+that killed the mutant in an earlier run (out/mutants/killers.json), alone: a stage that decides only by a kill.
+Killed: a test failed (the table says in which stage). Survived: the whole suite passed. Broken (a collection or
+import error) and crashed (pytest died of a signal, e.g. after a write past a buffer) are not kills. On CPU each
+pytest run is a child forked from a parent that imported torch and triton once (`--no-fork` starts fresh
+interpreters instead); on CUDA every run starts fresh.
 
     python -m tools.mutants              # CPU: every CPU mutant against the whole CPU suite
     python -m tools.mutants --gpu        # CUDA: the GPU-only mutants against the gpu-marked tests
@@ -385,16 +386,17 @@ class Result:
 
 
 def parse_junit(path: Path):
-    """(tests ran, failures as [(nodeid, first message line, is_collection_error)])."""
+    """(the junit names of the tests that ran, not skipped (junit_name), failures as [(nodeid, first message
+    line, is_collection_error)])."""
     if not path.exists():
-        return 0, []
-    ran, failed = 0, []
+        return set(), []
+    ran, failed = set(), []
     for case in ET.parse(path).getroot().iter("testcase"):
+        cls, name = case.get("classname", ""), case.get("name", "")
         if case.find("skipped") is None:
-            ran += 1
+            ran.add(f"{cls}.{name}")
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
-            cls, name = case.get("classname", ""), case.get("name", "")
             node = f"{cls.replace('.', '/')}.py::{name}" if cls else name
             message = (bad.get("message") or bad.text or "").strip().splitlines()
             collection = not cls or "collection failure" in (bad.get("message") or "")
@@ -411,18 +413,10 @@ def junit_name(nodeid: str) -> str:
     return ".".join(names) + bracket + params
 
 
-def junit_ran(path: Path) -> set[str]:
-    """The junit names (junit_name) of the tests that ran, not skipped, in a junit XML file."""
-    if not path.exists():
-        return set()
-    cases = ET.parse(path).getroot().iter("testcase")
-    return {f"{c.get('classname')}.{c.get('name')}" for c in cases if c.find("skipped") is None}
-
-
 def unrecorded(reach_map: dict, junits: list[Path]) -> list[str]:
     """The tests that ran in the traced baseline (its stages' junit files) with no entry in its map: a map that
     misses any would send a mutant that they reach to the rest of the suite only."""
-    ran = set().union(*(junit_ran(j) for j in junits))
+    ran = set().union(*(parse_junit(j)[0] for j in junits))
     return sorted(ran - {junit_name(n) for n in reach_map["tests"]})
 
 
@@ -568,16 +562,19 @@ def run_suite(
     log_path.write_text("")
     for i, (label, stage) in enumerate(stages):
         junit = scratch / f"junit-{i}.xml"
+        junit.unlink(missing_ok=True)  # a pytest that stops at its arguments writes none: no earlier file may stand in
         start = time.monotonic()
         rc = run_pytest(scratch, args, stage, log_path, junit, workers, fork, trace)
         result.seconds += time.monotonic() - start
         ran, failed = parse_junit(junit)
-        result.ran += ran
+        result.ran += len(ran)
         result.stage = label
         if rc is None:
             result.status, result.reason = "timeout", f"no result within {args.timeout}s (the gate would hang)"
         elif rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
             continue
+        elif label == LAST_KILLER and not (rc > 0 and failed and not any(c for _, _, c in failed)):
+            continue  # it decides by a kill only: the test passed, was renamed or crashed; the stages after decide
         elif rc < 0:
             # e.g. heap corruption from a write past a buffer: whether it crashes is luck, so a
             # crash is no kill; the suite needs a test that fails on the fault every time
@@ -636,8 +633,13 @@ def run_mutant(m: Mutant) -> Result:
     except Stale as e:
         return Result(m, "stale", reason=str(e))
     reaching = JOB["reaching"].get(m.name)  # absent without a map; None: every test may reach it
+    killer = JOB["killers"].get(m.name)
+    if killer and reaching:
+        reaching = [n for n in reaching if n != killer]
     home = HOME.get(m.file, ())
     stages = home_stages(scratch, args, home) if reaching is None else reach_stages(scratch, reaching, home)
+    if killer:
+        stages = [(LAST_KILLER, [killer]), *stages]
     result = run_suite(scratch, args, stages, base / f"{m.name}.log")
     result.mutant = m
     if not args.keep:
@@ -646,6 +648,30 @@ def run_mutant(m: Mutant) -> Result:
 
 
 JOB: dict = {}  # the run's arguments, set before the pool forks its workers
+
+# The test that killed each mutant in an earlier run runs first, alone: it usually kills again, in its own
+# time instead of after the quicker tests of stage 1 (the judge's spawning tests: minutes). A stage of its own
+# that decides only by a kill (run_suite), so the stages after it keep a mutant's verdict a full run's.
+LAST_KILLER = "last killer"
+
+
+def stored_killers(report: Path) -> dict[str, str]:
+    """The killing test of each mutant killed in an earlier run kept under `report` (killers.json)."""
+    path = report / "killers.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def store_killers(report: Path, results: list[Result]) -> None:
+    """Merge this run's verdicts into killers.json: a killed mutant's killing test replaces the earlier one; a
+    mutant that was not killed (survived, broke, crashed) loses its entry."""
+    killers = stored_killers(report)
+    for r in results:
+        if r.status == "killed" and r.killer:
+            killers[r.mutant.name] = r.killer
+        elif r.status != "stale":
+            killers.pop(r.mutant.name, None)
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "killers.json").write_text(json.dumps(dict(sorted(killers.items())), indent=1) + "\n")
 
 
 def stored_map(report: Path, key: str) -> dict | None:
@@ -850,7 +876,10 @@ def main(argv=None) -> int:
         map_note = "no map for this tree and no baseline to build it (--no-baseline): HOME modules, then the rest"
         print(f"map: {map_note}", flush=True)
 
-    JOB.update(args=args, files=files, base=base, reaching=reaching)
+    killers = {} if args.tests or args.gpu else stored_killers(args.report)  # --tests: those tests only
+    JOB.update(args=args, files=files, base=base, reaching=reaching, killers=killers)
+    known = sum(m.name in killers for m in chosen)
+    print(f"killers: {known} of {len(chosen)} mutants' earlier killing tests run first", flush=True)
     results: list[Result] = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
         for r in pool.imap_unordered(run_mutant, chosen):
@@ -882,6 +911,7 @@ def main(argv=None) -> int:
 
     report = args.report
     report.mkdir(parents=True, exist_ok=True)
+    store_killers(report, results)
     # a partial run (--only, --tests, --equivalent, --deselect) must not overwrite the full run's record
     partial = wanted or args.tests or args.equivalent or args.deselect
     suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if partial else "")
