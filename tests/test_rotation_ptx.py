@@ -55,8 +55,9 @@ QNORM = ("_qnorm_rope", "_qnorm_rope_backward")
 
 def launch_every_kernel(monkeypatch, dtype, shape, rotary, layout):
     """Every rotating kernel launched through the public functions, forward and backward: the partial RoPE
-    out of place in both forms (split and whole-row), in place, and the QNorm forward and backward (the
-    partial RoPE only on an even D: it refuses an odd one). Returns the recorded launches, each once."""
+    out of place in both forms (split and whole-row), in place, and the QNorm forward (with rstd and, without a
+    gradient, without) and backward (the partial RoPE only on an even D: it refuses an odd one). Returns the
+    recorded launches, each once."""
     x = laid_out(shape, dtype, layout, seed=1)
     grad = laid_out(shape, dtype, layout, seed=2)
     cos, sin = tables(shape[0], shape[2], rotary, seed=3)
@@ -69,6 +70,7 @@ def launch_every_kernel(monkeypatch, dtype, shape, rotary, layout):
             dsrope.apply_partial_rope_triton_(xi, cos, sin, rotary)
         xg = x.detach().clone().requires_grad_()
         torch.autograd.grad(dsrope.qnorm_rope_triton(xg, cos, sin, rotary, 1e-6), xg, grad)
+        dsrope.qnorm_rope_triton(x, cos, sin, rotary, 1e-6)  # no gradient wanted: the launch without rstd
     unique = {json.dumps(dataclasses.asdict(launch), sort_keys=True): launch for launch in launches}
     return list(unique.values())
 

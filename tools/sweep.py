@@ -97,7 +97,7 @@ def launch(kernel, t, config):
         )
     if kernel == "qnorm_fwd":
         chunk = qnorm_rope.row_chunk(D, x.element_size(), config["num_warps"])
-        kw = dict(kw, RBLOCK=R, CHUNK=chunk)
+        kw = dict(kw, RBLOCK=R, CHUNK=chunk, STORE_RSTD=True)  # the training forward's launch: rstd stored
         return 2 * n + rows * 4, lambda: qnorm_rope._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )

@@ -73,7 +73,7 @@ def launch_record(kernel, args: tuple, kwargs: dict) -> Launch:
     signature, constexprs, aligned = {}, {}, []
     for name, parameter in parameters.items():
         value = bound.arguments[name] if name in bound.arguments else parameter.default
-        if "constexpr" in str(parameter.annotation):
+        if "constexpr" in str(parameter.annotation) or value is None:  # Triton specializes a None as a constexpr
             signature[name], constexprs[name] = "constexpr", value
             continue
         signature[name] = _arg_type(value)

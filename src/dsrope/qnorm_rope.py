@@ -64,6 +64,7 @@ def _qnorm_rope(
     H: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
     XB, XH, XS, XD, CB, CS, CD, SB, SS, SD,
     EPS: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    STORE_RSTD: tl.constexpr,
 ):  # fmt: skip
     """Normalize and rotate M rows per program into token-major `out` [B, S, H, D].
 
@@ -98,7 +99,8 @@ def _qnorm_rope(
     sn = pair_table(sin, b * SB + s * SS, SD, row_ok, 0, R // 2, M, RBLOCK)
 
     r = tl.rsqrt(tl.sum(tl.reshape(v * v, (M, BLOCK)), axis=1) / D + EPS)
-    tl.store(rstd + row, r, mask=row_ok)
+    if STORE_RSTD:  # for the backward only: its store's layout change is a barrier on the decode path
+        tl.store(rstd + row, r, mask=row_ok)
 
     # Boundary 1: the normalized row is rounded to x.dtype, then rotated in FP32.
     dtype = out.dtype.element_ty
@@ -205,8 +207,9 @@ def _outputs(x):
     return token_major_empty(x), x.new_empty(batch * seq * heads, dtype=torch.float32)
 
 
-def _forward(x, cos, sin, rotary, eps):
-    out, rstd = _outputs(x)
+def _forward(x, cos, sin, rotary, eps, with_rstd=True):
+    """(out, rstd); without rstd (a call no backward follows) (out, None): rstd is neither allocated nor stored."""
+    out, rstd = _outputs(x) if with_rstd else (token_major_empty(x), None)
     batch, heads, seq, dim = x.shape
     rows = batch * seq * heads
     if rows == 0 or dim == 0:
@@ -214,7 +217,8 @@ def _forward(x, cos, sin, rotary, eps):
     config = forward_config(x)
     _qnorm_rope[(triton.cdiv(rows, config["M"]),)](
         x, cos, sin, out, rstd, rows, seq, heads, dim, rotary,
-        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), **config, **UNFUSED,
+        *x.stride(), *cos.stride(), *sin.stride(), EPS=eps, RBLOCK=next_pow2(rotary), STORE_RSTD=with_rstd,
+        **config, **UNFUSED,
     )  # fmt: skip
     return out, rstd
 
@@ -313,7 +317,7 @@ def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps
         return qnorm_rope(x, cos, sin, rotary, eps)[0]
     if wants_autograd(x):
         return _QNormRoPE.apply(x, cos, sin, rotary, eps)
-    return _forward(x, cos, sin, rotary, eps)[0]
+    return _forward(x, cos, sin, rotary, eps, with_rstd=False)[0]
 
 
 def qnorm_rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:

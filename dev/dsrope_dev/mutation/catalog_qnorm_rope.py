@@ -310,6 +310,13 @@ MUTANTS = [
         (BACKWARD, "r = tl.load(rstd + row, mask=row_ok)", "r = tl.load(rstd + (b * H + h) * S + s, mask=row_ok)"),
     ),
     mutant(
+        "qnorm.rstd_not_stored_for_the_backward",
+        QNORM,
+        "_forward",
+        "the forward skips rstd's store when a backward follows too (the call without autograd's saving)",
+        ("STORE_RSTD=with_rstd", "STORE_RSTD=False"),
+    ),
+    mutant(
         "qnorm.backward_no_mean_term",
         QNORM,
         BACKWARD,
@@ -486,7 +493,10 @@ MUTANTS = [
         QNORM,
         "_run",
         "the no-gradient path (inference, decode) launches with eps=1e-6, not the caller's eps",
-        ("return _forward(x, cos, sin, rotary, eps)[0]", "return _forward(x, cos, sin, rotary, 1e-6)[0]"),
+        (
+            "_forward(x, cos, sin, rotary, eps, with_rstd=False)[0]",
+            "_forward(x, cos, sin, rotary, 1e-6, with_rstd=False)[0]",
+        ),
     ),
     mutant(
         "qnorm.op_eps_ignored",
@@ -546,7 +556,7 @@ MUTANTS = [
         "_forward",
         "the forward's launch without enable_fp_fusion=False: the compiler fuses the rotation's products (and the "
         "row sum's squares) into the adds",
-        ("RBLOCK=next_pow2(rotary), **config, **UNFUSED,", "RBLOCK=next_pow2(rotary), **config,"),
+        ("        **config, **UNFUSED,", "        **config,"),
     ),
     mutant(
         "qnorm.backward_fused_rotation",
