@@ -117,9 +117,9 @@ def bytes_moved(kernel, direction, b, h, s):
     rows = b * h * s
     tables = 2 * s * (R // 2) * 4  # the unique half of cos and sin, batch broadcast
     rstd = rows * 4 if kernel == "qnorm_rope" else 0
-    fwd = 2 * n + rstd + tables  # read x, write out (+ write rstd)
+    fwd = 2 * n + tables  # read x, write out: the forward row's call wants no gradient, so stores no rstd
     bwd = (3 * n + rstd if kernel == "qnorm_rope" else 2 * n) + tables  # read x, g (+ rstd), write dx
-    return {"forward": fwd, "backward": bwd, "forward+backward": fwd + bwd}[direction]
+    return {"forward": fwd, "backward": bwd, "forward+backward": fwd + rstd + bwd}[direction]
 
 
 def make_inputs(b, h, s, layout):

@@ -126,6 +126,7 @@ def test_stage_one_runs_the_guards_in_file_order_then_the_quickest():
 def test_the_last_killer_runs_first_alone_and_decides_only_by_a_kill(tmp_path):
     """The stage of a mutant's earlier killing test: a failure there is the kill; a killer that passes now or no
     longer exists leaves the verdict to the stages after it (a survivor's full run, or a kill there)."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # its own root: under nox tmp_path lies inside the checkout
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests/test_k.py").write_text("def test_fails():\n    assert False\n\n\ndef test_passes():\n    pass\n")
     args = argparse.Namespace(gpu=False, all=False, deselect=[], timeout=120, root=ROOT, workers="0", fork=False)

@@ -97,8 +97,8 @@ def launch(kernel, t, config):
         )
     if kernel == "qnorm_fwd":
         chunk = qnorm_rope.row_chunk(D, x.element_size(), config["num_warps"])
-        kw = dict(kw, RBLOCK=R, CHUNK=chunk, STORE_RSTD=True)  # the training forward's launch: rstd stored
-        return 2 * n + rows * 4, lambda: qnorm_rope._qnorm_rope[grid](
+        kw = dict(kw, RBLOCK=R, CHUNK=chunk, STORE_RSTD=rstd is not None)  # rstd None: the call without autograd
+        return 2 * n + (0 if rstd is None else rows * 4), lambda: qnorm_rope._qnorm_rope[grid](
             x, cos, sin, out, rstd, *geometry, *x.stride(), *tables, EPS=EPS, **kw
         )
     return 3 * n + rows * 4, lambda: qnorm_rope._qnorm_rope_backward[grid](
@@ -170,7 +170,7 @@ def decode_qnorm():
     for b, h in DECODE_SHAPES:
         x, cos, sin = decode_inputs(b, h)
         out = torch.empty(b, 1, h, D, device="cuda", dtype=x.dtype)
-        t = (x, None, cos, sin, out, torch.empty(b * h, device="cuda", dtype=torch.float32))
+        t = (x, None, cos, sin, out, None)  # decode: the call without autograd, which stores no rstd
         found = [(per_replayed_call_us(launch("qnorm_fwd", t, c)[1]), "tile", c) for c in QNORM_DECODE_CONFIGS]
         y = torch.empty_like(x)
         copy = per_replayed_call_us(functools.partial(y.copy_, x))
@@ -178,7 +178,7 @@ def decode_qnorm():
             print(f"decode qnorm B={b} H={h} {version} M={c['M']} warps={c['num_warps']} {us:.2f} us "
                   f"({us / copy:.2f} x copy_)", flush=True)  # fmt: skip
         launcher = qnorm_rope.forward_config(x)
-        us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS))
+        us = per_replayed_call_us(functools.partial(qnorm_rope._forward, x, cos, sin, R, EPS, with_rstd=False))
         print(f"decode qnorm B={b} H={h} launcher M={launcher['M']} warps={launcher['num_warps']}: {us:.2f} us "
               f"({us / copy:.2f} x copy_), copy_ {copy:.2f} us", flush=True)  # fmt: skip
 

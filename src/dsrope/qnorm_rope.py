@@ -311,8 +311,8 @@ torch.library.register_autograd("dsrope::qnorm_rope", _QNormRoPE.backward_op, se
 
 def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary: int, eps: float) -> torch.Tensor:
     """QNorm + RoPE of checked arguments, as rope.apply_partial_rope_unchecked: the op under
-    torch.compile; in eager the autograd.Function when a gradient is wanted, else the launcher alone.
-    The same launchers on the same arguments: the same bits."""
+    torch.compile; in eager the autograd.Function when a gradient is wanted, else the launcher alone, which
+    stores no rstd. The same launchers on the same arguments: the same bits of `out`."""
     if torch.compiler.is_compiling():
         return qnorm_rope(x, cos, sin, rotary, eps)[0]
     if wants_autograd(x):

@@ -569,12 +569,12 @@ def run_suite(
         ran, failed = parse_junit(junit)
         result.ran += len(ran)
         result.stage = label
-        if rc is None:
+        if rc is None and label != LAST_KILLER:
             result.status, result.reason = "timeout", f"no result within {args.timeout}s (the gate would hang)"
-        elif rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
+        elif rc is None or rc == 0 or (rc == 5 and not failed):  # 5: this stage selected no test (e.g. -m gpu)
             continue
         elif label == LAST_KILLER and not (rc > 0 and failed and not any(c for _, _, c in failed)):
-            continue  # it decides by a kill only: the test passed, was renamed or crashed; the stages after decide
+            continue  # it decides by a kill only: passed, renamed, crashed or hung, the stages after it decide
         elif rc < 0:
             # e.g. heap corruption from a write past a buffer: whether it crashes is luck, so a
             # crash is no kill; the suite needs a test that fails on the fault every time
@@ -656,14 +656,22 @@ LAST_KILLER = "last killer"
 
 
 def stored_killers(report: Path) -> dict[str, str]:
-    """The killing test of each mutant killed in an earlier run kept under `report` (killers.json)."""
+    """The killing test of each mutant killed in an earlier run kept under `report` (killers.json); {} when there
+    is none or it is not a JSON object of names to node ids (said, not raised: it only orders the tests)."""
     path = report / "killers.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        killers = json.loads(path.read_text()) if path.is_file() else {}
+        if isinstance(killers, dict) and all(isinstance(v, str) for v in killers.values()):
+            return killers
+    except (OSError, ValueError):
+        pass
+    print(f"killers: {path} is not a JSON object of mutant names to test node ids; not used", flush=True)
+    return {}
 
 
 def store_killers(report: Path, results: list[Result]) -> None:
     """Merge this run's verdicts into killers.json: a killed mutant's killing test replaces the earlier one; a
-    mutant that was not killed (survived, broke, crashed) loses its entry."""
+    mutant that was not killed (survived, broke, crashed, timed out) loses its entry. Written whole, then moved."""
     killers = stored_killers(report)
     for r in results:
         if r.status == "killed" and r.killer:
@@ -671,7 +679,9 @@ def store_killers(report: Path, results: list[Result]) -> None:
         elif r.status != "stale":
             killers.pop(r.mutant.name, None)
     report.mkdir(parents=True, exist_ok=True)
-    (report / "killers.json").write_text(json.dumps(dict(sorted(killers.items())), indent=1) + "\n")
+    part = report / f"killers.json.{os.getpid()}"
+    part.write_text(json.dumps(dict(sorted(killers.items())), indent=1) + "\n")
+    os.replace(part, report / "killers.json")
 
 
 def stored_map(report: Path, key: str) -> dict | None:
@@ -903,7 +913,7 @@ def main(argv=None) -> int:
     summary = (
         f"{killed}/{n} counted mutants killed on {mode} in {total:.0f}s wall "
         f"(jobs={args.jobs}, fork={args.fork}, baseline {baseline_note}; "
-        f"{map_note}; {first} killed in stage 1)"
+        f"{map_note}; {first} killed before the rest of the suite)"
     )
     print("\n" + text + "\n\n" + summary)
     for r in bad:
@@ -911,7 +921,6 @@ def main(argv=None) -> int:
 
     report = args.report
     report.mkdir(parents=True, exist_ok=True)
-    store_killers(report, results)
     # a partial run (--only, --tests, --equivalent, --deselect) must not overwrite the full run's record
     partial = wanted or args.tests or args.equivalent or args.deselect
     suffix = ("gpu" if args.gpu else "cpu") + ("-partial" if partial else "")
@@ -931,6 +940,8 @@ def main(argv=None) -> int:
         for r in results
     ]
     (report / f"mutants-{suffix}.json").write_text(json.dumps(rows, indent=1))
+    if not (args.tests or args.deselect or args.gpu):  # verdicts of part of the suite keep no killer
+        store_killers(report, results)
     if not args.keep and not bad:
         shutil.rmtree(base, ignore_errors=True)
     return 1 if bad else 0
