@@ -93,6 +93,21 @@ def test_rope_writes_nothing_outside_its_outputs(dtype, form, monkeypatch):
     assert_within(partial_rope(g, cos, sin, ROTARY, inverse=True).judge(dx), "backward")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_in_place_writes_nothing_outside_x(dtype):
+    """In place, x is the middle batch of a token-major buffer: its 3 heads leave each token's head block
+    part-full (mutant rope.inplace_head_mask_dropped rotates the next token's heads, past x for the last
+    token, where a bare buffer's heap corrupts and the process dies instead of failing a test)."""
+    b, h, s, d = SHAPE
+    full = materialize(values((b + 2, h, s, d), dtype, seed=7).to(DEVICE), TOKEN_MAJOR)
+    before = full.clone()
+    cos, sin = tables(b, s, ROTARY, seed=8)
+    dsrope.apply_partial_rope_triton_(full[1 : b + 1], cos, sin, ROTARY)
+    for outside in (0, b + 1):
+        assert torch.equal(bits(full[outside]), bits(before[outside])), f"batch {outside} of the buffer written"
+    assert_within(partial_rope(before[1 : b + 1], cos, sin, ROTARY).judge(full[1 : b + 1]), "in place")
+
+
 @pytest.mark.parametrize("shape", [SHAPE, ODD_SHAPE], ids=lambda s: f"D{s[-1]}")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_qnorm_writes_nothing_outside_its_outputs(dtype, shape, monkeypatch):
